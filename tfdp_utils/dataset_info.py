@@ -1,0 +1,141 @@
+"""What a distributed dataset from the builder holds, in exact counts, for whoever consumes it.
+
+Pure Python. :func:`tfdp_utils.build_distributed_dataset` attaches a :class:`DatasetInfo` to
+the dataset it returns (attribute ``tfdp_info``) and records the dataset whenever it is
+iterated, so the throughput callbacks know the global batch size and the exact number of
+examples each replica receives in each step, partial last batch included, without extra
+arguments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetInfo:
+    """Exact shape of one epoch of a distributed dataset.
+
+    Attributes:
+        global_batch_size: examples in a full step, summed over all replicas of all workers.
+        per_replica_batch_size: examples one replica receives in a full step.
+        num_replicas_in_sync: replicas over all workers.
+        num_workers: worker processes.
+        examples_per_epoch: examples trained per epoch over all workers, or None if unknown
+            (e.g. an infinite or unsized source).
+        steps_per_epoch: steps every worker runs per epoch, or None if unknown.
+        full_steps: steps at the start of each epoch in which every replica receives
+            ``per_replica_batch_size`` examples. None when unknown (then every step is full).
+        tail: for each step after ``full_steps``, the examples each replica receives, by
+            global replica id. Empty when the epoch has no partial step.
+        repeat: whether the dataset repeats without end (epochs then come from
+            ``steps_per_epoch`` passed to ``fit``).
+    """
+
+    global_batch_size: int
+    per_replica_batch_size: int
+    num_replicas_in_sync: int
+    num_workers: int = 1
+    examples_per_epoch: int | None = None
+    steps_per_epoch: int | None = None
+    full_steps: int | None = None
+    tail: tuple[tuple[int, ...], ...] = ()
+    repeat: bool = False
+
+    def examples_in_step(self, step_in_epoch: int) -> tuple[int, ...]:
+        """Examples each replica (by global replica id) receives in step ``step_in_epoch``.
+
+        Steps count from 0 at the start of each epoch. Past the end of a known epoch the
+        replicas receive nothing.
+        """
+        full = (self.per_replica_batch_size,) * self.num_replicas_in_sync
+        if self.full_steps is None or step_in_epoch < self.full_steps:
+            return full
+        offset = step_in_epoch - self.full_steps
+        if offset < len(self.tail):
+            return self.tail[offset]
+        return (0,) * self.num_replicas_in_sync
+
+    def examples_in_steps(self, first_step: int, last_step: int) -> tuple[int, ...]:
+        """Per-replica examples summed over steps ``first_step`` .. ``last_step - 1`` (global).
+
+        Steps are counted from the start of training (as ``optimizer.iterations`` counts);
+        epoch boundaries come from ``steps_per_epoch`` when known.
+        """
+        totals = [0] * self.num_replicas_in_sync
+        if last_step <= first_step:
+            return tuple(totals)
+        if self.full_steps is None or not self.steps_per_epoch or self.repeat:
+            count = last_step - first_step
+            return tuple(self.per_replica_batch_size * count for _ in totals)
+        per_epoch = self.steps_per_epoch
+        epoch_totals = self._epoch_totals()
+        step = first_step
+        while step < last_step:
+            in_epoch = step % per_epoch
+            if in_epoch == 0 and step + per_epoch <= last_step:
+                for i, value in enumerate(epoch_totals):
+                    totals[i] += value
+                step += per_epoch
+                continue
+            for i, value in enumerate(self.examples_in_step(in_epoch)):
+                totals[i] += value
+            step += 1
+        return tuple(totals)
+
+    def _epoch_totals(self) -> tuple[int, ...]:
+        full = self.full_steps or 0
+        totals = [self.per_replica_batch_size * full] * self.num_replicas_in_sync
+        for step in self.tail:
+            for i, value in enumerate(step):
+                totals[i] += value
+        return tuple(totals)
+
+
+_lock = threading.Lock()
+_last_iterated: DatasetInfo | None = None
+_built: int = 0
+
+
+def record_built() -> None:
+    """Note that the builder produced a dataset (so a missing batch size can be explained)."""
+    global _built
+    with _lock:
+        _built += 1
+
+
+def record_iteration(info: DatasetInfo) -> None:
+    """Note that a builder dataset with ``info`` has just started an epoch of iteration."""
+    global _last_iterated
+    with _lock:
+        _last_iterated = info
+
+
+def last_iterated() -> DatasetInfo | None:
+    """The :class:`DatasetInfo` of the builder dataset iterated most recently, if any."""
+    with _lock:
+        return _last_iterated
+
+
+def datasets_built() -> int:
+    """How many datasets the builder has produced in this process."""
+    with _lock:
+        return _built
+
+
+def info_of(dataset: Any) -> DatasetInfo | None:
+    """The :class:`DatasetInfo` attached to a dataset from the builder, or None."""
+    info = getattr(dataset, "tfdp_info", None)
+    return info if isinstance(info, DatasetInfo) else None
+
+
+__all__ = [
+    "DatasetInfo",
+    "datasets_built",
+    "info_of",
+    "last_iterated",
+    "record_built",
+    "record_iteration",
+]
