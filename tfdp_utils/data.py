@@ -1,0 +1,1145 @@
+"""Distributed datasets that see every example exactly once, with equal steps on every worker.
+
+Two layers, as elsewhere in the package:
+
+* :func:`plan_sharding` decides how the data is split between workers and says why. The
+  decision and the epoch arithmetic (:func:`decide_policy`, :func:`assign_files`,
+  :func:`split_examples`, :func:`epoch_layout`) are pure Python, tested in microseconds.
+* :func:`build_distributed_dataset` applies the plan with ``tf.data``: it shards, shuffles,
+  maps, batches per replica and prefetches inside
+  ``strategy.distribute_datasets_from_function``, and attaches a
+  :class:`~tfdp_utils.dataset_info.DatasetInfo` with the exact per-replica counts.
+
+Why the builder shards by itself instead of relying on tf.data's autoshard rewrite: AUTO
+silently falls back to DATA (every worker reads everything), FILE on a non-file source
+raises NotFoundError with a graph dump, one file with two workers errors on one worker while
+the other blocks in a collective (tensorflow#35878, #36153, #37112, #26222). Sharding the
+unbatched stream explicitly makes the split a partition by construction, and TensorFlow's
+distributed iterator (which all-reduces "has data" across workers every step when batches
+may be partial) keeps the step count equal: a worker that runs out first feeds empty
+batches until every worker is done.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob as _glob
+import inspect
+import logging
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal, cast
+
+from tfdp_utils import dataset_info
+from tfdp_utils.batching import check_size, split_batch_size
+from tfdp_utils.dataset_info import DatasetInfo
+
+logger = logging.getLogger("tfdp_utils")
+
+ShardPolicy = Literal["file", "data", "hint", "off"]
+SourceKind = Literal["dataset", "arrays", "files", "function"]
+
+SHARD_POLICIES: tuple[str, ...] = ("auto", "file", "data", "hint", "off")
+DEFAULT_SHUFFLE_SEED = 1234
+"""Seed used when shuffling with DATA sharding and no ``seed`` was given.
+
+Every worker must shuffle identically for DATA sharding to stay disjoint, and workers cannot
+agree on a random seed without communicating, so a fixed seed stands in."""
+
+# Dataset ops that read files; tf.data's FILE autoshard rewrite looks for the same ones.
+_READER_OPS = frozenset(
+    {
+        "TFRecordDataset",
+        "TFRecordDatasetV2",
+        "TextLineDataset",
+        "FixedLengthRecordDataset",
+        "FixedLengthRecordDatasetV2",
+        "ArrayRecordDataset",
+        "RecordIODataset",
+        "SSTableDataset",
+    }
+)
+# Transformations that keep the element structure; walked through to find a batch.
+_PASSTHROUGH_CLASSES = frozenset(
+    {
+        "_PrefetchDataset",
+        "_OptionsDataset",
+        "CacheDataset",
+        "_CacheDataset",
+        "_MemoryCacheDataset",
+        "_RepeatDataset",
+        "_ShuffleDataset",
+        "ShuffleDataset",
+        "_ShardDataset",
+        "_TakeDataset",
+        "_SkipDataset",
+        "_AssertCardinalityDataset",
+        "_FilterDataset",
+        "_ParallelFilterDataset",
+    }
+)
+_BATCH_CLASSES = frozenset(
+    {
+        "BatchDataset",
+        "_BatchDataset",
+        "_ParallelBatchDataset",
+        "_PaddedBatchDataset",
+        "PaddedBatchDataset",
+        "_RaggedBatchDataset",
+        "_DenseToRaggedDataset",
+        "_SparseBatchDataset",
+        "_RebatchDataset",
+        "_BucketBySequenceLengthDataset",
+    }
+)
+
+
+# ------------------------------------------------------------------------- the pure part
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardingPlan:
+    """How a source is split between workers, and what each worker will see.
+
+    Attributes:
+        policy: the policy applied: ``"file"`` (each worker reads its own files),
+            ``"data"`` (every worker reads everything and keeps every ``num_workers``-th
+            example), ``"hint"`` (tf.data shards where the dataset calls
+            ``shard(tf.data.experimental.SHARD_HINT, ...)``) or ``"off"`` (no sharding: a
+            single worker, or a ``fn(input_context)`` source that shards itself).
+        reason: one line saying why, e.g. ``"4 files >= 2 workers -> file"``.
+        num_workers: input pipelines (worker processes).
+        source_kind: ``"dataset"``, ``"arrays"``, ``"files"`` or ``"function"``.
+        requested: the ``shard_policy`` asked for.
+        files_per_worker: for file sources, the files each worker reads, by worker index.
+            Every worker reads every file under ``"data"``. Empty for other sources.
+        examples_per_worker: examples each worker receives per epoch, when known.
+        steps_per_worker: steps each worker runs per epoch (the same for all), when known.
+    """
+
+    policy: ShardPolicy
+    reason: str
+    num_workers: int
+    source_kind: SourceKind
+    requested: str = "auto"
+    files_per_worker: tuple[tuple[str, ...], ...] = ()
+    examples_per_worker: tuple[int, ...] | None = None
+    steps_per_worker: int | None = None
+
+    @property
+    def num_examples(self) -> int | None:
+        """Examples per epoch over all workers, when known."""
+        if self.examples_per_worker is None:
+            return None
+        return sum(self.examples_per_worker)
+
+    def describe(self) -> str:
+        """A one-line summary for logs."""
+        parts = [f"shard_policy={self.policy} over {self.num_workers} worker(s): {self.reason}"]
+        if self.files_per_worker and self.policy == "file":
+            counts = ", ".join(str(len(f)) for f in self.files_per_worker)
+            parts.append(f"files per worker [{counts}]")
+        if self.examples_per_worker is not None:
+            parts.append(f"examples per worker {list(self.examples_per_worker)}")
+        if self.steps_per_worker is not None:
+            parts.append(f"{self.steps_per_worker} steps per epoch on every worker")
+        return "; ".join(parts)
+
+
+def check_policy(shard_policy: Any) -> str:
+    """Normalise ``shard_policy`` to one of :data:`SHARD_POLICIES` or raise ``ValueError``."""
+    value = shard_policy.strip().lower() if isinstance(shard_policy, str) else shard_policy
+    if value not in SHARD_POLICIES:
+        raise ValueError(
+            f"shard_policy={shard_policy!r} is not a sharding policy; expected one of "
+            f"{', '.join(repr(p) for p in SHARD_POLICIES)}. Use 'auto' to let the builder "
+            "choose."
+        )
+    return str(value)
+
+
+def decide_policy(
+    shard_policy: str,
+    *,
+    source_kind: SourceKind,
+    num_workers: int,
+    num_files: int | None = None,
+    has_reader: bool = False,
+) -> tuple[ShardPolicy, str]:
+    """Which policy to apply, and why. Pure.
+
+    ``"auto"``: nothing on a single worker; FILE when there are at least as many files as
+    workers; DATA otherwise. A ``fn(input_context)`` source shards itself (OFF).
+
+    Args:
+        shard_policy: one of :data:`SHARD_POLICIES`.
+        source_kind: ``"dataset"``, ``"arrays"``, ``"files"`` or ``"function"``.
+        num_workers: input pipelines (worker processes).
+        num_files: number of files for a ``"files"`` source. Defaults to `None`.
+        has_reader: whether a ``"dataset"`` source reads files (for ``"file"``).
+            Defaults to `False`.
+
+    Returns:
+        ``(policy, reason)``.
+
+    Raises:
+        ValueError: unknown policy, or ``"file"`` / ``"hint"`` on a source that cannot be
+            sharded that way.
+    """
+    requested = check_policy(shard_policy)
+    workers = f"{num_workers} worker{'s' if num_workers != 1 else ''}"
+    if requested == "file":
+        if source_kind == "files":
+            return "file", f"shard_policy='file' given; {num_files} files over {workers}"
+        if source_kind == "dataset" and has_reader:
+            return "file", f"shard_policy='file' given; the dataset reads files ({workers})"
+        what = {
+            "arrays": "in-memory arrays",
+            "function": "a fn(input_context) source",
+            "dataset": "a tf.data.Dataset that reads no files",
+        }.get(source_kind, source_kind)
+        raise ValueError(
+            f"shard_policy='file' needs a source that reads files, but received {what}. "
+            "Pass file paths (a path, a list of paths or a glob) as source, or use "
+            "shard_policy='data' (every worker reads everything and keeps its share) or 'auto'."
+        )
+    if requested == "hint":
+        if source_kind != "dataset":
+            raise ValueError(
+                f"shard_policy='hint' applies to a tf.data.Dataset that calls "
+                f"shard(tf.data.experimental.SHARD_HINT, ...), but the source is {source_kind}. "
+                "Use shard_policy='auto'."
+            )
+        return "hint", f"shard_policy='hint' given ({workers})"
+    if requested == "data":
+        return "data", f"shard_policy='data' given ({workers})"
+    if requested == "off":
+        if num_workers > 1 and source_kind != "function":
+            why = f"shard_policy='off' given: each of the {workers} reads and trains on everything"
+        else:
+            why = f"shard_policy='off' given ({workers})"
+        return "off", why
+    # auto
+    if source_kind == "function":
+        return "off", "fn(input_context) source shards its own data by input_pipeline_id"
+    if num_workers <= 1:
+        return "off", "a single worker: nothing to shard"
+    if source_kind == "files":
+        if num_files is not None and num_files >= num_workers:
+            return "file", f"{num_files} files >= {workers} -> file"
+        return "data", f"{num_files} file(s) < {workers} -> data (every worker reads all files)"
+    if source_kind == "arrays":
+        return "data", f"in-memory arrays on {workers} -> data"
+    return "data", (
+        f"a tf.data.Dataset on {workers}: its files are not visible to the planner -> data "
+        "(pass file paths as source to shard by file)"
+    )
+
+
+def assign_files(
+    files: Sequence[str], num_workers: int, sizes: Sequence[int] | None = None
+) -> tuple[tuple[str, ...], ...]:
+    """Split ``files`` between workers so that bytes per worker are as even as possible. Pure.
+
+    Largest file first, each to the worker with the fewest bytes so far (ties: fewest files,
+    then lowest index); each worker's files keep the given order. Deterministic, so every
+    worker computes the same assignment.
+
+    Args:
+        files: file paths, in a fixed order (sorted by the builder).
+        num_workers: workers to split between.
+        sizes: byte size of each file. Defaults to `None` (round robin).
+
+    Returns:
+        The files of each worker, by worker index.
+    """
+    if sizes is None:
+        return tuple(tuple(files[i::num_workers]) for i in range(num_workers))
+    if len(sizes) != len(files):
+        raise ValueError(f"got {len(sizes)} sizes for {len(files)} files.")
+    order = sorted(range(len(files)), key=lambda i: (-sizes[i], i))
+    loads = [0] * num_workers
+    chosen: list[list[int]] = [[] for _ in range(num_workers)]
+    for index in order:
+        worker = min(range(num_workers), key=lambda w: (loads[w], len(chosen[w]), w))
+        loads[worker] += sizes[index]
+        chosen[worker].append(index)
+    return tuple(tuple(files[i] for i in sorted(c)) for c in chosen)
+
+
+def file_imbalance(
+    files_per_worker: Sequence[Sequence[str]],
+    files: Sequence[str],
+    sizes: Sequence[int] | None,
+) -> float | None:
+    """Bytes of the busiest worker over the mean bytes per worker (1.0 = even). Pure."""
+    if sizes is None or not files_per_worker:
+        return None
+    size_of = dict(zip(files, sizes, strict=True))
+    loads = [sum(size_of[f] for f in worker_files) for worker_files in files_per_worker]
+    mean = sum(loads) / len(loads)
+    return max(loads) / mean if mean else None
+
+
+def split_examples(num_examples: int, num_workers: int) -> tuple[int, ...]:
+    """Examples each worker keeps when ``shard(num_workers, index)`` splits ``num_examples``."""
+    return tuple(
+        max(0, (num_examples - index + num_workers - 1) // num_workers)
+        for index in range(num_workers)
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class EpochLayout:
+    """What each replica receives in one epoch (see :func:`epoch_layout`).
+
+    Attributes:
+        steps: steps every worker runs.
+        full_steps: leading steps in which every replica receives a full batch.
+        tail: per-replica examples (by global replica id) of each later step.
+        examples: examples trained per epoch over all replicas.
+        dropped: examples of the epoch that no replica receives (``drop_remainder=True``).
+    """
+
+    steps: int
+    full_steps: int
+    tail: tuple[tuple[int, ...], ...]
+    examples: int
+    dropped: int
+
+
+def epoch_layout(
+    examples_per_worker: Sequence[int],
+    per_replica_batch_size: int,
+    replicas_per_worker: int,
+    *,
+    drop_remainder: bool = False,
+) -> EpochLayout:
+    """Per-step, per-replica example counts of one epoch. Pure.
+
+    Each worker batches its own examples by ``per_replica_batch_size``; its local replicas
+    take consecutive batches (replica ``r`` gets batch ``step * replicas_per_worker + r``).
+    Every worker runs as many steps as the busiest one; a replica with no batch left gets an
+    empty one. With ``drop_remainder=True`` every worker keeps only the full steps that all
+    workers can fill.
+
+    Args:
+        examples_per_worker: examples each worker holds, by worker index.
+        per_replica_batch_size: examples per replica in a full step.
+        replicas_per_worker: replicas on each worker.
+        drop_remainder: drop what does not fill a step on every replica. Defaults to `False`.
+
+    Returns:
+        An :class:`EpochLayout`.
+    """
+    batch, local = per_replica_batch_size, replicas_per_worker
+    total = sum(examples_per_worker)
+    if drop_remainder:
+        steps = min(n // (batch * local) for n in examples_per_worker) if examples_per_worker else 0
+        examples = steps * batch * local * len(examples_per_worker)
+        return EpochLayout(steps, steps, (), examples, total - examples)
+    steps = max((math.ceil(math.ceil(n / batch) / local) for n in examples_per_worker), default=0)
+    per_step: list[tuple[int, ...]] = []
+    for step in range(steps):
+        row: list[int] = []
+        for n in examples_per_worker:
+            for replica in range(local):
+                start = (step * local + replica) * batch
+                row.append(max(0, min(batch, n - start)))
+        per_step.append(tuple(row))
+    full = (batch,) * (local * len(examples_per_worker))
+    full_steps = 0
+    while full_steps < steps and per_step[full_steps] == full:
+        full_steps += 1
+    return EpochLayout(steps, full_steps, tuple(per_step[full_steps:]), total, 0)
+
+
+# ------------------------------------------------------------------------ gathering facts
+
+
+def _tf() -> Any:
+    from tfdp_utils._tf import tf
+
+    return tf
+
+
+def _is_dataset(source: Any) -> bool:
+    return isinstance(source, _tf().data.Dataset)
+
+
+def _is_path_like(value: Any) -> bool:
+    return isinstance(value, (str, os.PathLike))
+
+
+def _source_kind(source: Any) -> SourceKind:
+    if _is_dataset(source):
+        return "dataset"
+    if _is_path_like(source):
+        return "files"
+    if isinstance(source, (list, tuple)) and source and all(_is_path_like(s) for s in source):
+        return "files"
+    if isinstance(source, (list, tuple)) and not source:
+        raise ValueError(
+            "source=[] is an empty list: expected file paths, a glob, arrays or a "
+            "tf.data.Dataset. Check the list you built (e.g. a glob that matched nothing)."
+        )
+    if callable(source):
+        return "function"
+    if _looks_like_arrays(source):
+        return "arrays"
+    raise TypeError(
+        f"source of type {type(source).__name__} is not supported; expected an unbatched "
+        "tf.data.Dataset, numpy arrays (or a tuple/dict of them), a file path, a list of paths "
+        "or a glob, or a function fn(input_context) -> tf.data.Dataset."
+    )
+
+
+def _looks_like_arrays(source: Any) -> bool:
+    tf = _tf()
+    leaves = tf.nest.flatten(source)
+    return bool(leaves) and all(
+        hasattr(leaf, "shape") and hasattr(leaf, "dtype") for leaf in leaves
+    )
+
+
+def _has_glob(path: str) -> bool:
+    return any(ch in path for ch in "*?[")
+
+
+def resolve_files(source: Any) -> tuple[str, ...]:
+    """Expand a path, list of paths or glob to a sorted tuple of existing files.
+
+    Raises:
+        ValueError: a glob matches nothing, a list is empty, or a file does not exist.
+    """
+    tf = _tf()
+    paths = [source] if _is_path_like(source) else list(source)
+    files: list[str] = []
+    for raw in paths:
+        path = os.fspath(raw)
+        if _has_glob(path):
+            matched = sorted(tf.io.gfile.glob(path)) if "://" in path else sorted(_glob.glob(path))
+            if not matched:
+                raise ValueError(
+                    f"the glob {path!r} matches no file. Check the pattern and the working "
+                    f"directory ({os.getcwd()})."
+                )
+            files.extend(matched)
+        else:
+            if not tf.io.gfile.exists(path):
+                raise ValueError(
+                    f"file {path!r} does not exist. Pass existing paths or a glob such as "
+                    f"'{os.path.join(os.path.dirname(path) or '.', '*.tfrecord')}'."
+                )
+            if tf.io.gfile.isdir(path):
+                raise ValueError(
+                    f"{path!r} is a directory, not a file. Pass a glob such as "
+                    f"'{os.path.join(path, '*')}'."
+                )
+            files.append(path)
+    if len(set(files)) != len(files):
+        seen: set[str] = set()
+        dupes = sorted({f for f in files if f in seen or seen.add(f)})  # type: ignore[func-returns-value]
+        raise ValueError(
+            f"files {dupes} are listed more than once; each would be read twice per epoch. "
+            "Remove the duplicates."
+        )
+    return tuple(sorted(files))
+
+
+def _file_sizes(files: Sequence[str]) -> tuple[int, ...]:
+    tf = _tf()
+    return tuple(int(tf.io.gfile.stat(f).length) for f in files)
+
+
+def _cardinality(dataset: Any) -> int | None:
+    """Known finite cardinality, -1 for infinite, None for unknown."""
+    tf = _tf()
+    value = int(dataset.cardinality())
+    if value == int(tf.data.INFINITE_CARDINALITY):
+        return -1
+    if value < 0:
+        return None
+    return value
+
+
+def _graph_ops(dataset: Any) -> set[str]:
+    tf = _tf()
+    graph_def = tf.compat.v1.GraphDef()
+    graph_def.ParseFromString(dataset._as_serialized_graph().numpy())
+    ops = {node.op for node in graph_def.node}
+    for function in graph_def.library.function:
+        ops.update(node.op for node in function.node_def)
+    return ops
+
+
+def _reads_files(dataset: Any) -> bool:
+    try:
+        return bool(_graph_ops(dataset) & _READER_OPS)
+    except Exception:  # a dataset that cannot be serialised: treat as not readable
+        return False
+
+
+def _batched_by(dataset: Any) -> str | None:
+    """The class of the batching transformation at the end of ``dataset``, if any."""
+    node = dataset
+    for _ in range(64):
+        name = type(node).__name__
+        if name in _BATCH_CLASSES:
+            return name
+        if name not in _PASSTHROUGH_CLASSES:
+            return None
+        node = getattr(node, "_input_dataset", None)
+        if node is None:
+            return None
+    return None
+
+
+def _strategy_or_default(strategy: Any) -> Any:
+    return strategy if strategy is not None else _tf().distribute.get_strategy()
+
+
+def worker_position(strategy: Any) -> tuple[int, int]:
+    """``(num_workers, worker_index)`` of this process in ``strategy``'s input pipelines."""
+    make = getattr(strategy.extended, "_make_input_context", None)
+    if make is not None:
+        context = make()
+        return int(context.num_input_pipelines), int(context.input_pipeline_id)
+    return 1, 0
+
+
+@dataclasses.dataclass(frozen=True)
+class _Facts:
+    kind: SourceKind
+    files: tuple[str, ...] = ()
+    sizes: tuple[int, ...] | None = None
+    num_examples: int | None = None  # -1: infinite
+    has_reader: bool = False
+
+
+def _gather(source: Any, *, count: bool) -> _Facts:
+    kind = _source_kind(source)
+    if kind == "files":
+        files = resolve_files(source)
+        return _Facts(kind, files=files, sizes=_file_sizes(files))
+    if kind == "dataset":
+        return _Facts(
+            kind,
+            num_examples=_cardinality(source) if count else None,
+            has_reader=_reads_files(source),
+        )
+    if kind == "arrays":
+        return _Facts(kind, num_examples=_array_length(source))
+    return _Facts(kind)
+
+
+def _array_length(source: Any) -> int:
+    tf = _tf()
+    lengths = {int(leaf.shape[0]) if len(leaf.shape) else -1 for leaf in tf.nest.flatten(source)}
+    if -1 in lengths:
+        raise ValueError(
+            "source holds a scalar array; every array needs a leading example dimension."
+        )
+    if len(lengths) != 1:
+        raise ValueError(
+            f"source arrays have different lengths {sorted(lengths)}; every array needs the "
+            "same number of examples along its first dimension."
+        )
+    return lengths.pop()
+
+
+def _plan(
+    facts: _Facts,
+    *,
+    shard_policy: str,
+    num_workers: int,
+    per_replica_batch_size: int | None = None,
+    replicas_per_worker: int | None = None,
+    drop_remainder: bool = False,
+) -> ShardingPlan:
+    policy, reason = decide_policy(
+        shard_policy,
+        source_kind=facts.kind,
+        num_workers=num_workers,
+        num_files=len(facts.files) if facts.kind == "files" else None,
+        has_reader=facts.has_reader,
+    )
+    files_per_worker: tuple[tuple[str, ...], ...] = ()
+    if facts.kind == "files":
+        if policy == "file":
+            files_per_worker = assign_files(facts.files, num_workers, facts.sizes)
+        else:
+            files_per_worker = (facts.files,) * num_workers
+    examples: tuple[int, ...] | None = None
+    n = facts.num_examples
+    if n is not None and n >= 0:
+        if policy == "data":
+            examples = split_examples(n, num_workers)
+        elif policy == "off" and facts.kind != "function":
+            examples = (n,) * num_workers
+    steps = None
+    if examples is not None and per_replica_batch_size and replicas_per_worker:
+        steps = epoch_layout(
+            examples, per_replica_batch_size, replicas_per_worker, drop_remainder=drop_remainder
+        ).steps
+    return ShardingPlan(
+        policy=policy,
+        reason=reason,
+        num_workers=num_workers,
+        source_kind=facts.kind,
+        requested=check_policy(shard_policy),
+        files_per_worker=files_per_worker,
+        examples_per_worker=examples,
+        steps_per_worker=steps,
+    )
+
+
+def plan_sharding(
+    source: Any,
+    *,
+    strategy: Any = None,
+    num_workers: int | None = None,
+    shard_policy: str = "auto",
+    global_batch_size: int | None = None,
+    per_replica_batch_size: int | None = None,
+    drop_remainder: bool = False,
+) -> ShardingPlan:
+    """Decide how ``source`` is split between workers, without building anything.
+
+    Args:
+        source: what :func:`build_distributed_dataset` accepts.
+        strategy: the ``tf.distribute.Strategy`` that will train. Defaults to `None` (the
+            strategy in scope).
+        num_workers: plan for this many workers instead of the strategy's. Defaults to `None`.
+        shard_policy: ``"auto"``, ``"file"``, ``"data"``, ``"hint"`` or ``"off"``.
+            Defaults to `"auto"`.
+        global_batch_size: with it, the plan includes steps per worker when the example count
+            is known. Defaults to `None`.
+        per_replica_batch_size: alternative to ``global_batch_size``. Defaults to `None`.
+        drop_remainder: as for the builder. Defaults to `False`.
+
+    Returns:
+        A :class:`ShardingPlan`.
+
+    Raises:
+        ValueError: unknown policy, a policy that cannot apply to the source, files that do
+            not exist, a glob that matches nothing.
+
+    Example:
+        >>> import numpy as np
+        >>> import tfdp_utils as tdu
+        >>> tdu.plan_sharding(np.arange(10), num_workers=2).policy
+        'data'
+    """
+    strategy = _strategy_or_default(strategy)
+    replicas = int(strategy.num_replicas_in_sync)
+    workers, _ = worker_position(strategy)
+    if num_workers is not None:
+        workers = check_size(num_workers, "num_workers")
+        replicas = max(replicas, workers)
+    per_replica = None
+    if global_batch_size is not None or per_replica_batch_size is not None:
+        per_replica, _ = _batch_sizes(global_batch_size, per_replica_batch_size, replicas, strategy)
+    check_policy(shard_policy)
+    facts = _gather(source, count=True)
+    return _plan(
+        facts,
+        shard_policy=shard_policy,
+        num_workers=workers,
+        per_replica_batch_size=per_replica,
+        replicas_per_worker=max(1, replicas // workers),
+        drop_remainder=drop_remainder,
+    )
+
+
+def _batch_sizes(
+    global_batch_size: int | None, per_replica_batch_size: int | None, replicas: int, strategy: Any
+) -> tuple[int, int]:
+    if (global_batch_size is None) == (per_replica_batch_size is None):
+        got = "both" if global_batch_size is not None else "neither"
+        raise ValueError(
+            f"pass exactly one of global_batch_size and per_replica_batch_size, but received "
+            f"{got} (global_batch_size={global_batch_size!r}, "
+            f"per_replica_batch_size={per_replica_batch_size!r}). The global size is split "
+            f"over the {replicas} replica(s) in sync; e.g. global_batch_size={32 * replicas} or "
+            "per_replica_batch_size=32."
+        )
+    if per_replica_batch_size is not None:
+        per_replica = check_size(per_replica_batch_size, "per_replica_batch_size")
+        return per_replica, per_replica * replicas
+    where = f" of {type(strategy).__name__}"
+    per_replica = split_batch_size(cast(int, global_batch_size), replicas, where=where)
+    return per_replica, per_replica * replicas
+
+
+# ------------------------------------------------------------------------------ the glue
+
+
+def _check_map_fn(map_fn: Any, element_spec: Any) -> None:
+    if map_fn is None:
+        return
+    if not callable(map_fn):
+        raise TypeError(f"map_fn={map_fn!r} is not callable; pass a function of one element.")
+    arity = len(element_spec) if isinstance(element_spec, tuple) else 1
+    try:
+        signature = inspect.signature(map_fn)
+    except (TypeError, ValueError):  # builtins and some C callables have none
+        return
+    try:
+        signature.bind(*([None] * arity))
+    except TypeError:
+        structure = (
+            f"a tuple of {arity} components, which tf.data passes as {arity} arguments"
+            if isinstance(element_spec, tuple)
+            else f"a single {'dict' if isinstance(element_spec, Mapping) else 'value'}, "
+            "passed as one argument"
+        )
+        raise ValueError(
+            f"map_fn{signature} cannot take the dataset's elements: each element is "
+            f"{structure}. Change map_fn to accept {arity} positional argument(s)."
+        ) from None
+
+
+def _check_unbatched(dataset: Any, what: str) -> None:
+    batch = _batched_by(dataset)
+    if batch is not None:
+        raise ValueError(
+            f"{what} is already batched ({batch}); the builder batches by itself so that it "
+            "can split every global batch exactly over the replicas. Pass the unbatched "
+            "dataset (remove .batch(...), or call .unbatch()) and give global_batch_size= or "
+            "per_replica_batch_size=."
+        )
+
+
+def _reader_dataset(reader: Callable[[Any], Any], path: str) -> Any:
+    dataset = reader(path)
+    if not _is_dataset(dataset):
+        raise TypeError(
+            f"reader({path!r}) returned {type(dataset).__name__}; expected a tf.data.Dataset "
+            "such as tf.data.TFRecordDataset(path) or tf.data.TextLineDataset(path)."
+        )
+    return dataset
+
+
+@dataclasses.dataclass(frozen=True)
+class _Recipe:
+    """Everything the per-worker pipeline needs; built once, used inside dataset_fn."""
+
+    plan: ShardingPlan
+    per_replica_batch_size: int
+    global_batch_size: int
+    replicas_per_worker: int
+    map_fn: Any
+    reader: Any
+    shuffle_buffer_size: int | None
+    seed: int | None
+    repeat: bool
+    cache: bool | str
+    drop_remainder: bool
+    prefetch: bool
+    data_options: Any
+    take_per_worker: int | None
+
+
+def _per_worker_dataset(recipe: _Recipe, source: Any, context: Any) -> Any:
+    tf = _tf()
+    plan = recipe.plan
+    workers, index = int(context.num_input_pipelines), int(context.input_pipeline_id)
+    if workers != plan.num_workers:
+        raise RuntimeError(
+            f"the plan was made for {plan.num_workers} workers but the strategy has {workers} "
+            "input pipelines; build the dataset with the strategy that trains."
+        )
+    autotune = tf.data.AUTOTUNE
+    shuffle = recipe.shuffle_buffer_size is not None
+    # DATA needs the same element order on every worker; FILE and OFF do not.
+    needs_order = plan.policy == "data"
+    if plan.source_kind == "files":
+        files = plan.files_per_worker[index]
+        file_ds = tf.data.Dataset.from_tensor_slices(tf.constant(list(files) or [""])).take(
+            len(files)
+        )
+        if shuffle and not needs_order and len(files) > 1:
+            file_ds = file_ds.shuffle(len(files), seed=_worker_seed(recipe.seed, index))
+        dataset = file_ds.interleave(
+            recipe.reader,
+            cycle_length=max(1, min(len(files), 16)),
+            num_parallel_calls=autotune,
+            deterministic=needs_order,
+        )
+    elif plan.source_kind == "function":
+        dataset = source(context)
+        if not _is_dataset(dataset):
+            raise TypeError(
+                f"the source function returned {type(dataset).__name__}; expected an unbatched "
+                "tf.data.Dataset for input pipeline "
+                f"{context.input_pipeline_id} of {context.num_input_pipelines}."
+            )
+        _check_unbatched(dataset, "the dataset returned by the source function")
+    else:
+        dataset = source
+    map_first = recipe.map_fn is not None and bool(recipe.cache)
+    if map_first:
+        # Cache what map_fn produced; shuffle and shard after, so later epochs reshuffle.
+        dataset = dataset.map(recipe.map_fn, num_parallel_calls=autotune, deterministic=True)
+    if recipe.cache:
+        name = recipe.cache if isinstance(recipe.cache, str) else ""
+        if name and workers > 1:
+            name = f"{name}.worker-{index}-of-{workers}"
+        dataset = dataset.cache(name)
+    if shuffle:
+        seed = recipe.seed if needs_order else _worker_seed(recipe.seed, index)
+        dataset = dataset.shuffle(
+            recipe.shuffle_buffer_size, seed=seed, reshuffle_each_iteration=True
+        )
+    if recipe.repeat:
+        dataset = dataset.repeat()
+    if plan.policy == "data":
+        dataset = dataset.shard(workers, index)
+    if recipe.map_fn is not None and not map_first:
+        dataset = dataset.map(
+            recipe.map_fn, num_parallel_calls=autotune, deterministic=needs_order or None
+        )
+    if recipe.take_per_worker is not None and not recipe.repeat:
+        dataset = dataset.take(recipe.take_per_worker)
+    dataset = dataset.batch(recipe.per_replica_batch_size, drop_remainder=recipe.drop_remainder)
+    if recipe.prefetch:
+        dataset = dataset.prefetch(autotune)
+    options = tf.data.Options()
+    if recipe.data_options is not None:
+        options = options.merge(recipe.data_options)
+    # The builder shards above; say so, so that tf.data neither rewrites nor warns.
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return dataset.with_options(options)
+
+
+def _worker_seed(seed: int | None, index: int) -> int | None:
+    return None if seed is None else seed + 7919 * index
+
+
+def _global_dataset(recipe: _Recipe, source: Any) -> Any:
+    """A globally batched dataset for tf.data's own autoshard (FILE/HINT on a Dataset)."""
+    tf = _tf()
+    dataset = source
+    if recipe.map_fn is not None and recipe.cache:
+        dataset = dataset.map(recipe.map_fn, num_parallel_calls=tf.data.AUTOTUNE)
+    if recipe.cache:
+        dataset = dataset.cache(recipe.cache if isinstance(recipe.cache, str) else "")
+    if recipe.shuffle_buffer_size is not None:
+        dataset = dataset.shuffle(recipe.shuffle_buffer_size, seed=recipe.seed)
+    if recipe.repeat:
+        dataset = dataset.repeat()
+    if recipe.map_fn is not None and not recipe.cache:
+        dataset = dataset.map(recipe.map_fn, num_parallel_calls=tf.data.AUTOTUNE)
+    dataset = dataset.batch(recipe.global_batch_size, drop_remainder=recipe.drop_remainder)
+    if recipe.prefetch:
+        dataset = dataset.prefetch(tf.data.AUTOTUNE)
+    options = tf.data.Options()
+    if recipe.data_options is not None:
+        options = options.merge(recipe.data_options)
+    policy = tf.data.experimental.AutoShardPolicy
+    options.experimental_distribute.auto_shard_policy = (
+        policy.FILE if recipe.plan.policy == "file" else policy.HINT
+    )
+    return dataset.with_options(options)
+
+
+_RECORDING_CLASSES: dict[type, type] = {}
+
+
+def _recording_class(base: type) -> type:
+    """A subclass of ``base`` whose ``__iter__`` records the iteration for the callbacks."""
+    cls = _RECORDING_CLASSES.get(base)
+    if cls is None:
+
+        def __iter__(self: Any) -> Any:
+            info = getattr(self, "tfdp_info", None)
+            if isinstance(info, DatasetInfo):
+                dataset_info.record_iteration(info)
+            return base.__iter__(self)  # type: ignore[attr-defined]
+
+        # Same name, so that code matching on the class name (Keras' data adapters walk
+        # the MRO for "DistributedDatasetsFromFunction") still recognises it.
+        cls = type(base.__name__, (base,), {"__iter__": __iter__, "__module__": __name__})
+        _RECORDING_CLASSES[base] = cls
+    return cls
+
+
+def _attach(dist: Any, info: DatasetInfo, plan: ShardingPlan) -> Any:
+    dist.tfdp_info = info
+    dist.tfdp_plan = plan
+    try:
+        dist.__class__ = _recording_class(type(dist))
+    except TypeError:  # pragma: no cover - a class that forbids __class__ assignment
+        logger.warning(
+            "tfdp_utils: cannot record iterations of %s; callbacks find the dataset info only "
+            "through tfdp_utils.dataset_info.info_of(dataset).",
+            type(dist).__name__,
+        )
+    return dist
+
+
+def build_distributed_dataset(
+    source: Any,
+    *,
+    strategy: Any = None,
+    global_batch_size: int | None = None,
+    per_replica_batch_size: int | None = None,
+    shard_policy: str = "auto",
+    map_fn: Callable[..., Any] | None = None,
+    reader: Callable[[Any], Any] | None = None,
+    shuffle_buffer_size: int | None = None,
+    seed: int | None = None,
+    repeat: bool = False,
+    cache: bool | str = False,
+    drop_remainder: bool = False,
+    prefetch: bool = True,
+    options: Any = None,
+) -> Any:
+    """Build a distributed dataset in which every example is seen exactly once per epoch.
+
+    The source is sharded between workers by an explicit policy (see
+    :func:`plan_sharding`, logged once), shuffled with a seed shared by every worker when
+    sharding needs it, mapped with AUTOTUNE parallelism, batched per replica and prefetched.
+    With ``drop_remainder=False`` each epoch covers every example exactly once across all
+    replicas and every worker runs the same number of steps; replicas that run out first
+    receive empty batches in the last steps.
+
+    Args:
+        source: an unbatched ``tf.data.Dataset``; numpy arrays or a tuple/dict of them; a
+            file path, list of paths or glob (read with ``reader``); or a function
+            ``fn(input_context) -> tf.data.Dataset`` returning this worker's unbatched data.
+        strategy: the ``tf.distribute.Strategy`` that trains. Defaults to `None` (the
+            strategy in scope).
+        global_batch_size: examples per step over all replicas. Defaults to `None`.
+        per_replica_batch_size: examples per replica per step; pass exactly one of the two.
+            Defaults to `None`.
+        shard_policy: ``"auto"``, ``"file"``, ``"data"``, ``"hint"`` or ``"off"``.
+            Defaults to `"auto"`.
+        map_fn: applied to each example (after sharding, so each worker maps only its share,
+            unless ``cache`` is set, when mapped examples are cached). Defaults to `None`.
+        reader: ``path -> tf.data.Dataset`` for file sources. Defaults to `None`
+            (``tf.data.TFRecordDataset``).
+        shuffle_buffer_size: shuffle with this buffer; None does not shuffle. Defaults to
+            `None`.
+        seed: shuffle seed. With DATA sharding every worker must use the same one; None then
+            uses :data:`DEFAULT_SHUFFLE_SEED`. Defaults to `None`.
+        repeat: repeat without end (pass ``steps_per_epoch`` to ``fit``). Defaults to `False`.
+        cache: cache in memory (True) or in files with this prefix. Defaults to `False`.
+        drop_remainder: drop the examples that do not fill a step on every replica; the
+            number dropped per epoch is logged. Defaults to `False`.
+        prefetch: prefetch with AUTOTUNE. Defaults to `True`.
+        options: a ``tf.data.Options`` merged into the pipeline's, or a
+            ``tf.distribute.InputOptions`` for the strategy. Defaults to `None`.
+
+    Returns:
+        A ``tf.distribute.DistributedDataset`` (a ``tf.data.Dataset`` under the default
+        strategy) with attributes ``tfdp_info`` (a :class:`~tfdp_utils.DatasetInfo`) and
+        ``tfdp_plan`` (a :class:`ShardingPlan`). Iterating it records the info for the
+        throughput callbacks.
+
+    Raises:
+        ValueError: both or neither batch size; a global size not divisible by, or smaller
+            than, the replicas; an empty file list, a glob that matches nothing or a missing
+            file; an unknown policy; ``"file"`` on a source without files; an already-batched
+            dataset; a ``map_fn`` that cannot take the elements.
+        TypeError: an unsupported source or reader.
+
+    Example:
+        >>> import numpy as np
+        >>> import tfdp_utils as tdu
+        >>> dist = tdu.build_distributed_dataset(np.arange(10), global_batch_size=4)
+        >>> dist.tfdp_info.steps_per_epoch
+        3
+    """
+    tf = _tf()
+    strategy = _strategy_or_default(strategy)
+    replicas = int(strategy.num_replicas_in_sync)
+    per_replica, global_size = _batch_sizes(
+        global_batch_size, per_replica_batch_size, replicas, strategy
+    )
+    check_policy(shard_policy)
+    num_workers, worker_index = worker_position(strategy)
+    replicas_per_worker = max(1, replicas // num_workers)
+    if shuffle_buffer_size is not None:
+        shuffle_buffer_size = check_size(shuffle_buffer_size, "shuffle_buffer_size")
+    data_options, input_options = _split_options(options)
+    reader = reader or tf.data.TFRecordDataset
+
+    kind = _source_kind(source)
+    if kind == "arrays":
+        _array_length(source)
+        source = tf.data.Dataset.from_tensor_slices(source)
+    elif kind == "dataset":
+        _check_unbatched(source, "source")
+    facts = (
+        _gather(source, count=True)
+        if kind != "arrays"
+        else _Facts("arrays", num_examples=_cardinality(source))
+    )
+    plan = _plan(
+        facts,
+        shard_policy=shard_policy,
+        num_workers=num_workers,
+        per_replica_batch_size=per_replica,
+        replicas_per_worker=replicas_per_worker,
+        drop_remainder=drop_remainder,
+    )
+    element_spec = None
+    if kind == "files":
+        element_spec = _reader_dataset(
+            reader,
+            plan.files_per_worker[worker_index][0]
+            if plan.files_per_worker[worker_index]
+            else facts.files[0],
+        ).element_spec
+    elif kind != "function":
+        element_spec = source.element_spec
+    if element_spec is not None:
+        _check_map_fn(map_fn, element_spec)
+
+    if (
+        plan.policy == "data"
+        and shuffle_buffer_size is not None
+        and seed is None
+        and (num_workers > 1)
+    ):
+        seed = DEFAULT_SHUFFLE_SEED
+        logger.info(
+            "tfdp_utils: shuffling with DATA sharding over %d workers needs the same seed on "
+            "every worker; using seed=%d. Pass seed= to shuffle differently between runs.",
+            num_workers,
+            seed,
+        )
+    infinite = facts.num_examples == -1
+    if infinite and not repeat:
+        logger.warning(
+            "tfdp_utils: the source is infinite, so an epoch never ends; pass steps_per_epoch "
+            "to fit (or stop your loop yourself). Per-epoch exact coverage does not apply."
+        )
+    if plan.policy == "off" and num_workers > 1 and kind != "function":
+        logger.warning(
+            "tfdp_utils: shard_policy='off' on %d workers: every worker trains on every "
+            "example, so each epoch sees each example %d times.",
+            num_workers,
+            num_workers,
+        )
+    if plan.policy == "file" and kind == "files":
+        idle = [i for i, files in enumerate(plan.files_per_worker) if not files]
+        imbalance = file_imbalance(plan.files_per_worker, facts.files, facts.sizes)
+        if imbalance is not None and imbalance > 1.5 and not idle:
+            logger.warning(
+                "tfdp_utils: the busiest worker reads %.1fx the mean bytes per worker (files of "
+                "very different sizes): the others feed empty batches for the last part of each "
+                "epoch. Split the large files, or use shard_policy='data' (every worker reads "
+                "everything) to balance the steps.",
+                imbalance,
+            )
+        if idle:
+            logger.warning(
+                "tfdp_utils: %d file(s) for %d workers: workers %s read no file and feed only "
+                "empty batches. Use shard_policy='auto' or 'data' to use every worker.",
+                len(facts.files),
+                num_workers,
+                idle,
+            )
+
+    layout = None
+    if plan.examples_per_worker is not None:
+        layout = epoch_layout(
+            plan.examples_per_worker,
+            per_replica,
+            replicas_per_worker,
+            drop_remainder=drop_remainder,
+        )
+    take = None
+    if drop_remainder:
+        if layout is not None:
+            take = layout.steps * per_replica * replicas_per_worker
+            logger.info(
+                "tfdp_utils: drop_remainder=True drops %d of %d examples each epoch (%d full "
+                "steps of %d).",
+                layout.dropped,
+                layout.dropped + layout.examples,
+                layout.steps,
+                global_size,
+            )
+        else:
+            logger.warning(
+                "tfdp_utils: drop_remainder=True with an unknown number of examples per "
+                "worker: each epoch drops up to %d examples per replica, and a worker that "
+                "runs out of full batches first feeds empty batches until the others finish.",
+                per_replica - 1,
+            )
+
+    info = DatasetInfo(
+        global_batch_size=global_size,
+        per_replica_batch_size=per_replica,
+        num_replicas_in_sync=replicas,
+        num_workers=num_workers,
+        examples_per_epoch=None if layout is None else layout.examples,
+        steps_per_epoch=None if layout is None or repeat else layout.steps,
+        full_steps=None if layout is None or repeat else layout.full_steps,
+        tail=() if layout is None or repeat else layout.tail,
+        repeat=bool(repeat or infinite),
+    )
+    recipe = _Recipe(
+        plan=plan,
+        per_replica_batch_size=per_replica,
+        global_batch_size=global_size,
+        replicas_per_worker=replicas_per_worker,
+        map_fn=map_fn,
+        reader=reader,
+        shuffle_buffer_size=shuffle_buffer_size,
+        seed=seed,
+        repeat=repeat,
+        cache=cache,
+        drop_remainder=drop_remainder,
+        prefetch=prefetch,
+        data_options=data_options,
+        take_per_worker=take,
+    )
+    logger.info("tfdp_utils: %s", plan.describe())
+    if kind == "dataset" and plan.policy in ("file", "hint"):
+        dist = strategy.experimental_distribute_dataset(
+            _global_dataset(recipe, source), options=input_options
+        )
+    else:
+        dist = strategy.distribute_datasets_from_function(
+            lambda context: _per_worker_dataset(recipe, source, context), options=input_options
+        )
+    dataset_info.record_built()
+    return _attach(dist, info, plan)
+
+
+def _split_options(options: Any) -> tuple[Any, Any]:
+    tf = _tf()
+    if options is None:
+        return None, None
+    if isinstance(options, tf.data.Options):
+        return options, None
+    if isinstance(options, tf.distribute.InputOptions):
+        return None, options
+    raise TypeError(
+        f"options of type {type(options).__name__} is not supported; pass a tf.data.Options "
+        "or a tf.distribute.InputOptions."
+    )
+
+
+__all__ = [
+    "DEFAULT_SHUFFLE_SEED",
+    "SHARD_POLICIES",
+    "EpochLayout",
+    "ShardingPlan",
+    "assign_files",
+    "build_distributed_dataset",
+    "check_policy",
+    "decide_policy",
+    "epoch_layout",
+    "file_imbalance",
+    "plan_sharding",
+    "resolve_files",
+    "split_examples",
+    "worker_position",
+]
