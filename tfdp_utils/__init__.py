@@ -8,6 +8,8 @@
 
 from tfdp_utils._tf import IS_KERAS3, KERAS_FLAVOUR
 from tfdp_utils.cluster import ClusterConfig, ClusterTimeoutError
+from tfdp_utils.data import ShardingPlan, build_distributed_dataset, plan_sharding
+from tfdp_utils.dataset_info import DatasetInfo
 from tfdp_utils.environment import Environment, detect_environment
 from tfdp_utils.strategy import (
     StrategyChoice,
@@ -23,11 +25,15 @@ __all__ = [
     "KERAS_FLAVOUR",
     "ClusterConfig",
     "ClusterTimeoutError",
+    "DatasetInfo",
     "Environment",
+    "ShardingPlan",
     "StrategyChoice",
     "TPUProbeError",
     "__version__",
     "auto_strategy",
+    "build_distributed_dataset",
     "choose_strategy",
     "detect_environment",
+    "plan_sharding",
 ]
