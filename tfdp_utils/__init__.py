@@ -7,16 +7,25 @@
 """
 
 from tfdp_utils._tf import IS_KERAS3, KERAS_FLAVOUR
+from tfdp_utils.batching import (
+    global_batch_size,
+    num_replicas_in_sync,
+    per_replica_batch_size,
+    scale_learning_rate,
+    steps_per_epoch,
+)
 from tfdp_utils.cluster import ClusterConfig, ClusterTimeoutError
 from tfdp_utils.data import ShardingPlan, build_distributed_dataset, plan_sharding
 from tfdp_utils.dataset_info import DatasetInfo
 from tfdp_utils.environment import Environment, detect_environment
+from tfdp_utils.schedules import WarmupSchedule
 from tfdp_utils.strategy import (
     StrategyChoice,
     TPUProbeError,
     auto_strategy,
     choose_strategy,
 )
+from tfdp_utils.training import make_distributed_train_step
 
 __version__ = "0.1.0"
 
@@ -30,10 +39,17 @@ __all__ = [
     "ShardingPlan",
     "StrategyChoice",
     "TPUProbeError",
+    "WarmupSchedule",
     "__version__",
     "auto_strategy",
     "build_distributed_dataset",
     "choose_strategy",
     "detect_environment",
+    "global_batch_size",
+    "make_distributed_train_step",
+    "num_replicas_in_sync",
+    "per_replica_batch_size",
     "plan_sharding",
+    "scale_learning_rate",
+    "steps_per_epoch",
 ]
