@@ -1,0 +1,450 @@
+"""The sharding plan (pure), bad inputs, and in-process distributed datasets on logical CPUs.
+
+Counts are checked against the example ids each replica actually received.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfdp_utils as tdu
+from tfdp_utils import dataset_info
+from tfdp_utils.data import (
+    DEFAULT_SHUFFLE_SEED,
+    assign_files,
+    build_distributed_dataset,
+    decide_policy,
+    epoch_layout,
+    file_imbalance,
+    plan_sharding,
+    split_examples,
+)
+
+
+def _mirrored(n: int) -> Any:
+    return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(n)])
+
+
+def _run_epoch(
+    dist: Any, strategy: Any, key: str = "id"
+) -> tuple[list[list[int]], list[list[int]]]:
+    """Per step, the examples each replica got; and all ids each replica got."""
+    per_step: list[list[int]] = []
+    ids: list[list[int]] = [[] for _ in range(strategy.num_replicas_in_sync)]
+    for batch in dist:
+        values = strategy.experimental_local_results(batch[key] if key else batch)
+        row = []
+        for replica, value in enumerate(values):
+            got = value.numpy().tolist()
+            ids[replica].extend(got)
+            row.append(len(got))
+        per_step.append(row)
+    return per_step, ids
+
+
+def _write_text_files(folder: Path, sizes: list[int]) -> list[str]:
+    paths, next_id = [], 0
+    for index, size in enumerate(sizes):
+        path = folder / f"part-{index:02d}.txt"
+        path.write_text("".join(f"{i}\n" for i in range(next_id, next_id + size)))
+        next_id += size
+        paths.append(str(path))
+    return paths
+
+
+def _parse_line(line: Any) -> dict[str, Any]:
+    return {"id": tf.strings.to_number(line, tf.int64)}
+
+
+# --------------------------------------------------------------------- the pure decisions
+
+
+@pytest.mark.parametrize(
+    ("kind", "workers", "files", "expected"),
+    [
+        ("files", 1, 4, "off"),
+        ("files", 2, 4, "file"),
+        ("files", 2, 2, "file"),
+        ("files", 3, 2, "data"),
+        ("files", 2, 1, "data"),
+        ("arrays", 1, None, "off"),
+        ("arrays", 2, None, "data"),
+        ("dataset", 1, None, "off"),
+        ("dataset", 4, None, "data"),
+        ("function", 1, None, "off"),
+        ("function", 3, None, "off"),
+    ],
+)
+def test_auto_decision_table(kind: Any, workers: int, files: int | None, expected: str) -> None:
+    policy, reason = decide_policy("auto", source_kind=kind, num_workers=workers, num_files=files)
+    assert policy == expected
+    assert reason
+
+
+@pytest.mark.parametrize("kind", ["arrays", "function", "dataset"])
+def test_file_policy_on_a_source_without_files_is_refused(kind: Any) -> None:
+    with pytest.raises(ValueError, match="shard_policy='file' needs a source that reads files"):
+        decide_policy("file", source_kind=kind, num_workers=2)
+
+
+def test_explicit_policies() -> None:
+    assert decide_policy("FILE", source_kind="files", num_workers=2, num_files=1)[0] == "file"
+    assert decide_policy("file", source_kind="dataset", num_workers=2, has_reader=True)[0] == "file"
+    assert decide_policy("data", source_kind="files", num_workers=2, num_files=8)[0] == "data"
+    assert decide_policy("off", source_kind="arrays", num_workers=2)[0] == "off"
+    assert decide_policy("hint", source_kind="dataset", num_workers=2)[0] == "hint"
+    with pytest.raises(ValueError, match=r"'hint' applies to a tf\.data\.Dataset"):
+        decide_policy("hint", source_kind="files", num_workers=2, num_files=2)
+    with pytest.raises(ValueError, match=r"shard_policy='bogus' is not a sharding policy.*'auto'"):
+        decide_policy("bogus", source_kind="arrays", num_workers=2)
+
+
+def test_assign_files_is_a_balanced_partition() -> None:
+    files = [f"f{i}" for i in range(7)]
+    sizes = [100, 10, 10, 10, 50, 50, 10]
+    assigned = assign_files(files, 3, sizes)
+    flat = [f for worker in assigned for f in worker]
+    assert sorted(flat) == files
+    loads = [sum(sizes[files.index(f)] for f in worker) for worker in assigned]
+    assert max(loads) == 100  # the largest file alone bounds the busiest worker
+    assert assign_files(files, 3, sizes) == assigned  # deterministic on every worker
+    assert assign_files(files, 2) == (("f0", "f2", "f4", "f6"), ("f1", "f3", "f5"))
+    assert assign_files(files[:1], 2, sizes[:1]) == (("f0",), ())
+    assert file_imbalance(assigned, files, sizes) == pytest.approx(100 / (240 / 3))
+
+
+@pytest.mark.parametrize(("n", "workers"), [(0, 2), (1, 3), (10, 3), (11, 2), (12, 4)])
+def test_split_examples_matches_tf_shard(n: int, workers: int) -> None:
+    counted = tuple(
+        int(tf.data.Dataset.range(n).shard(workers, i).reduce(0, lambda c, _: c + 1))
+        for i in range(workers)
+    )
+    assert split_examples(n, workers) == counted
+
+
+def test_epoch_layout_arithmetic() -> None:
+    layout = epoch_layout([13], 2, 3)
+    assert (layout.steps, layout.full_steps, layout.tail) == (3, 2, ((1, 0, 0),))
+    uneven = epoch_layout([9, 3], 2, 1)
+    assert uneven.steps == 5 and uneven.full_steps == 1
+    assert uneven.tail == ((2, 1), (2, 0), (2, 0), (1, 0))
+    dropped = epoch_layout([9, 3], 2, 1, drop_remainder=True)
+    assert (dropped.steps, dropped.examples, dropped.dropped) == (1, 4, 8)
+    assert epoch_layout([], 2, 1).steps == 0
+
+
+# ----------------------------------------------------------- exact counts vs counted ids
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 3, 4])
+@pytest.mark.parametrize("n", [1, 7, 12, 25])
+def test_every_example_once_and_info_matches_counts(replicas: int, n: int) -> None:
+    strategy = _mirrored(replicas)
+    dist = build_distributed_dataset(
+        {"id": np.arange(n)}, strategy=strategy, per_replica_batch_size=3, shuffle_buffer_size=4
+    )
+    per_step, ids = _run_epoch(dist, strategy)
+    flat = [i for replica in ids for i in replica]
+    assert sorted(flat) == list(range(n))
+    info = dist.tfdp_info
+    assert info.steps_per_epoch == len(per_step)
+    assert [list(info.examples_in_step(s)) for s in range(len(per_step))] == per_step
+    assert list(info.examples_in_steps(0, len(per_step))) == [len(r) for r in ids]
+    assert info.examples_per_epoch == n
+    assert info.global_batch_size == 3 * replicas and info.num_workers == 1
+
+
+def test_drop_remainder_keeps_only_full_steps_and_logs_the_loss(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    strategy = _mirrored(2)
+    with caplog.at_level(logging.INFO, logger="tfdp_utils"):
+        dist = build_distributed_dataset(
+            tf.data.Dataset.range(23), strategy=strategy, global_batch_size=4, drop_remainder=True
+        )
+    per_step, ids = _run_epoch(dist, strategy, key="")
+    assert per_step == [[2, 2]] * 5
+    assert len({i for r in ids for i in r}) == 20
+    assert "drops 3 of 23 examples each epoch" in caplog.text
+    assert dist.tfdp_info.tail == () and dist.tfdp_info.full_steps == 5
+
+
+def test_file_source_uneven_sizes_in_process(tmp_path: Path) -> None:
+    paths = _write_text_files(tmp_path, [40, 4, 4])
+    strategy = _mirrored(2)
+    dist = build_distributed_dataset(
+        str(tmp_path / "*.txt"),
+        strategy=strategy,
+        global_batch_size=6,
+        reader=tf.data.TextLineDataset,
+        map_fn=_parse_line,
+        shuffle_buffer_size=10,
+    )
+    _, ids = _run_epoch(dist, strategy)
+    assert sorted(i for r in ids for i in r) == list(range(48))
+    plan = dist.tfdp_plan
+    assert plan.policy == "off" and plan.files_per_worker == (tuple(paths),)
+    assert dist.tfdp_info.steps_per_epoch is None  # file sizes are not example counts
+
+
+def test_tfrecord_files_by_default(tmp_path: Path) -> None:
+    for index in range(3):
+        with tf.io.TFRecordWriter(str(tmp_path / f"{index}.tfrecord")) as writer:
+            for i in range(index * 5, index * 5 + 5):
+                writer.write(str(i).encode())
+    strategy = _mirrored(2)
+    dist = build_distributed_dataset(
+        sorted(str(p) for p in tmp_path.iterdir()),
+        strategy=strategy,
+        global_batch_size=4,
+        map_fn=lambda r: {"id": tf.strings.to_number(r, tf.int64)},
+    )
+    _, ids = _run_epoch(dist, strategy)
+    assert sorted(i for r in ids for i in r) == list(range(15))
+
+
+def test_file_policy_and_hint_on_a_dataset(tmp_path: Path) -> None:
+    paths = _write_text_files(tmp_path, [5, 6])
+    strategy = _mirrored(2)
+    reads = tf.data.TextLineDataset(paths).map(_parse_line)
+    dist = build_distributed_dataset(
+        reads, strategy=strategy, global_batch_size=4, shard_policy="file"
+    )
+    _, ids = _run_epoch(dist, strategy)
+    assert sorted(i for r in ids for i in r) == list(range(11))
+    hinted = tf.data.Dataset.range(9).shard(
+        tf.data.experimental.SHARD_HINT, tf.data.experimental.SHARD_HINT
+    )
+    dist = build_distributed_dataset(
+        hinted, strategy=strategy, global_batch_size=4, shard_policy="hint"
+    )
+    _, ids = _run_epoch(dist, strategy, key="")
+    assert sorted(i for r in ids for i in r) == list(range(9))
+
+
+def test_input_fn_source_gets_the_input_context() -> None:
+    strategy = _mirrored(2)
+    contexts = []
+
+    def fn(context: Any) -> Any:
+        contexts.append((context.num_input_pipelines, context.input_pipeline_id))
+        return tf.data.Dataset.range(10).map(lambda i: {"id": i})
+
+    dist = build_distributed_dataset(fn, strategy=strategy, per_replica_batch_size=2)
+    _, ids = _run_epoch(dist, strategy)
+    assert contexts == [(1, 0)]
+    assert sorted(i for r in ids for i in r) == list(range(10))
+
+
+def test_generator_and_cache_and_map(tmp_path: Path) -> None:
+    def gen() -> Any:
+        yield from range(11)
+
+    source = tf.data.Dataset.from_generator(gen, output_signature=tf.TensorSpec([], tf.int64))
+    strategy = _mirrored(2)
+    dist = build_distributed_dataset(
+        source,
+        strategy=strategy,
+        global_batch_size=4,
+        map_fn=lambda i: {"id": i * 10},
+        cache=str(tmp_path / "cache"),
+        shuffle_buffer_size=3,
+        seed=1,
+    )
+    for _ in range(2):  # second epoch reads the cache, reshuffled
+        _, ids = _run_epoch(dist, strategy)
+        assert sorted(i for r in ids for i in r) == [i * 10 for i in range(11)]
+
+
+def test_repeat_marks_the_info_and_never_ends() -> None:
+    strategy = _mirrored(2)
+    dist = build_distributed_dataset(
+        np.arange(5), strategy=strategy, global_batch_size=4, repeat=True
+    )
+    iterator = iter(dist)
+    got = Counter()
+    for _ in range(5):  # 5 steps of 4 = 20 examples = 4 epochs of 5
+        for value in strategy.experimental_local_results(next(iterator)):
+            got.update(value.numpy().tolist())
+    assert got == Counter({i: 4 for i in range(5)})
+    info = dist.tfdp_info
+    assert info.repeat and info.steps_per_epoch is None and info.examples_per_epoch == 5
+
+
+def test_infinite_source_warns(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="tfdp_utils"):
+        build_distributed_dataset(
+            tf.data.Dataset.range(3).repeat(), strategy=_mirrored(2), global_batch_size=2
+        )
+    assert "the source is infinite, so an epoch never ends" in caplog.text
+
+
+def test_plan_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="tfdp_utils"):
+        build_distributed_dataset(np.arange(6), strategy=_mirrored(2), global_batch_size=2)
+    plans = [r for r in caplog.records if "shard_policy=" in r.getMessage()]
+    assert len(plans) == 1
+    assert "a single worker: nothing to shard" in plans[0].getMessage()
+
+
+def test_plan_sharding_public_api(tmp_path: Path) -> None:
+    paths = _write_text_files(tmp_path, [30, 3, 3, 3])
+    plan = plan_sharding(paths, num_workers=2)
+    assert plan.policy == "file" and "4 files >= 2 workers" in plan.reason
+    assert plan.files_per_worker == ((paths[0],), tuple(paths[1:]))
+    plan = plan_sharding(np.arange(10), num_workers=3, global_batch_size=6)
+    assert plan.policy == "data" and plan.examples_per_worker == (4, 3, 3)
+    assert plan.steps_per_worker == 2 and plan.num_examples == 10
+    assert plan_sharding(paths, num_workers=5).policy == "data"
+    assert plan_sharding(np.arange(4), strategy=_mirrored(2)).policy == "off"
+    assert "examples per worker" in plan.describe()
+
+
+def test_default_seed_for_data_sharding_is_documented() -> None:
+    assert isinstance(DEFAULT_SHUFFLE_SEED, int)
+
+
+# --------------------------------------------------- what the throughput callbacks rely on
+
+
+def test_iteration_is_recorded_and_type_is_kept() -> None:
+    strategy = _mirrored(2)
+    before = dataset_info.datasets_built()
+    dist = build_distributed_dataset(np.arange(8), strategy=strategy, global_batch_size=4)
+    assert dataset_info.datasets_built() == before + 1
+    assert isinstance(dist, tf.distribute.DistributedDataset)
+    assert dataset_info.info_of(dist) is dist.tfdp_info
+    other = build_distributed_dataset(np.arange(3), strategy=strategy, global_batch_size=2)
+    iter(other)
+    assert dataset_info.last_iterated() is other.tfdp_info
+    for _ in dist:
+        pass
+    assert dataset_info.last_iterated() is dist.tfdp_info
+
+
+def test_default_strategy_returns_a_dataset_with_info() -> None:
+    dist = build_distributed_dataset(np.arange(10), global_batch_size=4)
+    assert dist.tfdp_info.steps_per_epoch == 3
+    assert [int(b.shape[0]) for b in dist] == [4, 4, 2]
+    assert dataset_info.last_iterated() is dist.tfdp_info
+
+
+def test_tf_function_loop_runs_every_step() -> None:
+    strategy = _mirrored(2)
+    dist = build_distributed_dataset(np.arange(11), strategy=strategy, global_batch_size=4)
+
+    @tf.function
+    def total(dataset: Any) -> Any:
+        count = tf.constant(0, tf.int64)
+        for batch in dataset:
+            per_replica = strategy.run(lambda x: tf.reduce_sum(x), args=(batch,))
+            count += strategy.reduce("SUM", per_replica, axis=None)
+        return count
+
+    assert int(total(dist)) == sum(range(11))
+
+
+@pytest.mark.keras
+def test_keras_fit_consumes_every_example() -> None:
+    from tfdp_utils._tf import keras
+
+    strategy = _mirrored(2)
+    n = 13
+    x = np.arange(n, dtype="float32").reshape(-1, 1)
+    dist = build_distributed_dataset((x, x), strategy=strategy, global_batch_size=4)
+
+    class Count(keras.callbacks.Callback):
+        batches = 0
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            Count.batches += 1
+
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+    history = model.fit(dist, epochs=2, verbose=0, callbacks=[Count()])
+    assert len(history.history["loss"]) == 2
+    assert Count.batches == 2 * dist.tfdp_info.steps_per_epoch == 8
+    assert dataset_info.last_iterated() is dist.tfdp_info
+
+
+# ------------------------------------------------------------------------- bad inputs
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({}, ValueError, "exactly one of global_batch_size and per_replica_batch_size.*neither"),
+        (
+            {"global_batch_size": 4, "per_replica_batch_size": 2},
+            ValueError,
+            "exactly one of.*both",
+        ),
+        ({"global_batch_size": 5}, ValueError, "not divisible by the 2 replicas.*4 or 6"),
+        ({"global_batch_size": 1}, ValueError, "smaller than the 2 replicas"),
+        ({"global_batch_size": 4.0}, TypeError, "must be an integer"),
+        ({"global_batch_size": 4, "shard_policy": "rows"}, ValueError, "not a sharding policy"),
+        ({"global_batch_size": 4, "shard_policy": "file"}, ValueError, "in-memory arrays"),
+        ({"global_batch_size": 4, "shuffle_buffer_size": 0}, ValueError, "shuffle_buffer_size"),
+        ({"global_batch_size": 4, "map_fn": lambda a, b: a}, ValueError, "map_fn.*single"),
+        ({"global_batch_size": 4, "options": {"x": 1}}, TypeError, "tf.data.Options"),
+    ],
+)
+def test_bad_arguments(kwargs: dict[str, Any], error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        build_distributed_dataset(np.arange(8), strategy=_mirrored(2), **kwargs)
+
+
+def test_bad_sources(tmp_path: Path) -> None:
+    strategy = _mirrored(2)
+
+    def build(source: Any, **kwargs: Any) -> Any:
+        return build_distributed_dataset(source, strategy=strategy, global_batch_size=4, **kwargs)
+
+    with pytest.raises(ValueError, match="source=\\[\\] is an empty list"):
+        build([])
+    with pytest.raises(ValueError, match="matches no file"):
+        build(str(tmp_path / "*.tfrecord"))
+    with pytest.raises(ValueError, match="does not exist"):
+        build(str(tmp_path / "missing.tfrecord"))
+    with pytest.raises(ValueError, match="is a directory"):
+        build(str(tmp_path))
+    with pytest.raises(ValueError, match=r"already batched.*unbatch"):
+        build(tf.data.Dataset.range(10).batch(2).prefetch(1))
+    with pytest.raises(ValueError, match="already batched"):
+        build(tf.data.Dataset.range(10).padded_batch(2))
+    with pytest.raises(ValueError, match="tuple of 2 components"):
+        build(tf.data.Dataset.from_tensor_slices((np.arange(4), np.arange(4))), map_fn=lambda x: x)
+    with pytest.raises(ValueError, match="different lengths"):
+        build({"a": np.arange(4), "b": np.arange(5)})
+    with pytest.raises(TypeError, match="not supported"):
+        build(42)
+    with pytest.raises(ValueError, match="needs a source that reads files"):
+        build(tf.data.Dataset.range(8), shard_policy="file")
+    paths = _write_text_files(tmp_path, [3])
+    with pytest.raises(TypeError, match=r"reader.*returned list"):
+        build(paths, reader=lambda p: [p])
+    with pytest.raises(ValueError, match="listed more than once"):
+        build(paths + paths)
+
+
+def test_batched_function_source_is_refused_before_training() -> None:
+    with pytest.raises(ValueError, match="returned by the source function is already batched"):
+        build_distributed_dataset(
+            lambda ctx: tf.data.Dataset.range(8).batch(2),
+            strategy=_mirrored(2),
+            global_batch_size=4,
+        )
+
+
+def test_exported() -> None:
+    assert tdu.build_distributed_dataset is build_distributed_dataset
+    assert tdu.plan_sharding is plan_sharding
+    assert tdu.ShardingPlan.__name__ == "ShardingPlan"
