@@ -1,0 +1,387 @@
+"""ThroughputLogger under real tf.distribute strategies on logical CPUs, event files read back."""
+
+from __future__ import annotations
+
+import bisect
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from tfdp_utils import dataset_info
+from tfdp_utils._tf import IS_KERAS3, keras
+from tfdp_utils.callbacks import ThroughputLogger
+from tfdp_utils.dataset_info import DatasetInfo
+
+pytestmark = pytest.mark.keras
+
+EXAMPLES = 1203  # 150 full steps of 8 and a partial step of 3 per epoch
+BATCH = 8
+EPOCHS = 3
+WARMUP = 10
+EVERY = 40
+
+
+def read_run(path: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar tag of one run, as (step, value) pairs, through TensorBoard's reader."""
+    acc = EventAccumulator(str(path), size_guidance={"tensors": 0})
+    acc.Reload()
+    out: dict[str, list[tuple[int, float]]] = {}
+    for tag in acc.Tags()["tensors"]:
+        events = acc.Tensors(tag)
+        if tag.startswith(("throughput/", "memory/")):
+            out[tag] = [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in events]
+    return out
+
+
+def description(path: Path, tag: str) -> str:
+    acc = EventAccumulator(str(path), size_guidance={"tensors": 0})
+    acc.Reload()
+    return str(acc.SummaryMetadata(tag).summary_description)
+
+
+def make_model(strategy: Any, steps_per_execution: int) -> Any:
+    with strategy.scope():
+        model = keras.Sequential(
+            [
+                keras.Input((32,)),
+                keras.layers.Dense(256, activation="relu"),
+                keras.layers.Dense(256, activation="relu"),
+                keras.layers.Dense(1),
+            ]
+        )
+        model.compile(
+            optimizer=keras.optimizers.SGD(0.001),
+            loss="mse",
+            steps_per_execution=steps_per_execution,
+        )
+    return model
+
+
+def make_dataset() -> Any:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(EXAMPLES, 32)).astype("float32")
+    y = rng.normal(size=(EXAMPLES, 1)).astype("float32")
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+
+
+class BeginTimer(keras.callbacks.Callback):  # type: ignore[misc]
+    """An independent clock: host time at every batch begin, by global step.
+
+    It overrides no batch-end hook, so Keras 3 keeps dispatching batch ends asynchronously.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.points: list[tuple[int, float]] = []
+        self._epoch_start = 0
+        self._steps = 0
+
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        self._epoch_start = epoch * self.params["steps"]
+
+    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        self.points.append((self._epoch_start + batch, time.perf_counter()))
+
+    def on_train_end(self, logs: Any = None) -> None:
+        self.points.append((EPOCHS * self.params["steps"], time.perf_counter()))
+
+    def time_at(self, step: int) -> float:
+        steps = [s for s, _ in self.points]
+        i = bisect.bisect_left(steps, step)
+        if steps[i] == step:
+            return self.points[i][1]
+        (s0, t0), (s1, t1) = self.points[i - 1], self.points[i]
+        return t0 + (t1 - t0) * (step - s0) / (s1 - s0)
+
+
+def counted_replica_sizes(strategy: Any) -> list[tuple[int, ...]]:
+    """Examples each replica receives in each step of one epoch, counted by iterating."""
+    dist = strategy.experimental_distribute_dataset(make_dataset())
+    return [tuple(int(t.shape[0]) for t in strategy.experimental_local_results(x)) for x, _ in dist]
+
+
+def expected_cumulative(sizes: list[tuple[int, ...]], step: int) -> tuple[int, ...]:
+    per_epoch = len(sizes)
+    full, rest = divmod(step, per_epoch)
+    totals = np.array([0] * len(sizes[0]))
+    for i, s in enumerate(sizes):
+        totals += np.array(s) * (full + (1 if i < rest else 0))
+    return tuple(int(v) for v in totals)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[tuple[int, int], Any]]:
+    yield {}
+
+
+def train(
+    replicas: int, steps_per_execution: int, log_dir: Path, runs: dict[tuple[int, int], Any]
+) -> Any:
+    key = (replicas, steps_per_execution)
+    if key in runs:
+        return runs[key]
+    if replicas == 1:
+        strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    else:
+        strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])
+    sizes = counted_replica_sizes(strategy)
+    # What the dataset builder would attach: written by hand from the dataset's shape.
+    per_replica = BATCH // replicas
+    tail = ((3,),) if replicas == 1 else ((2, 1),)
+    info = DatasetInfo(
+        global_batch_size=BATCH,
+        per_replica_batch_size=per_replica,
+        num_replicas_in_sync=replicas,
+        examples_per_epoch=EXAMPLES,
+        steps_per_epoch=151,
+        full_steps=150,
+        tail=tail,
+    )
+    model = make_model(strategy, steps_per_execution)
+    logger = ThroughputLogger(log_dir, dataset=info, log_every_n_steps=EVERY, warmup_steps=WARMUP)
+    timer = BeginTimer()
+    model.fit(make_dataset(), epochs=EPOCHS, verbose=0, callbacks=[timer, logger])
+    result = (logger, timer, sizes, log_dir, model)
+    runs[key] = result
+    return result
+
+
+CONFIGS = [
+    pytest.param(2, 1, id="2rep-spe1"),
+    pytest.param(1, 4, id="1rep-spe4"),
+    pytest.param(
+        2,
+        4,
+        id="2rep-spe4",
+        marks=pytest.mark.xfail(
+            IS_KERAS3,
+            reason="keras#19246: steps_per_execution>1 on >=2 replicas fails in Keras 3 fit",
+            raises=tf.errors.InvalidArgumentError,
+            strict=True,
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize(("replicas", "spe"), CONFIGS)
+def test_logged_rate_agrees_with_an_independent_timer(
+    replicas: int, spe: int, tmp_path: Path, runs: dict[tuple[int, int], Any]
+) -> None:
+    logger, timer, sizes, log_dir, _ = train(replicas, spe, tmp_path, runs)
+    scalars = read_run(log_dir / "global")
+    counts = dict(scalars["throughput/examples"])
+    rates = scalars["throughput/examples_per_sec"]
+    assert len(rates) >= 6
+    log_steps = sorted(counts)
+    ratios = []
+    for step, logged in rates:
+        assert step > WARMUP
+        previous = log_steps[log_steps.index(step) - 1]
+        examples = sum(expected_cumulative(sizes, step)) - sum(expected_cumulative(sizes, previous))
+        seconds = timer.time_at(step) - timer.time_at(previous)
+        ratios.append(logged / (examples / seconds))
+    assert all(0.9 <= r <= 1.1 for r in ratios), ratios
+    summary = logger.summary()
+    assert summary["steps_trained"] == EPOCHS * 151
+
+
+@pytest.mark.parametrize(("replicas", "spe"), CONFIGS)
+def test_cumulative_counts_are_exact_globally_and_per_replica(
+    replicas: int, spe: int, tmp_path: Path, runs: dict[tuple[int, int], Any]
+) -> None:
+    logger, _, sizes, log_dir, model = train(replicas, spe, tmp_path, runs)
+    assert {p.name for p in log_dir.iterdir()} == {"global"} | {
+        f"replica_{k}" for k in range(replicas)
+    }
+    global_counts = read_run(log_dir / "global")["throughput/examples"]
+    assert global_counts, "no counts logged"
+    for step, value in global_counts:
+        assert value == sum(expected_cumulative(sizes, step)), step
+    for k in range(replicas):
+        replica = read_run(log_dir / f"replica_{k}")
+        for step, value in replica["throughput/examples"]:
+            assert value == expected_cumulative(sizes, step)[k], (k, step)
+        assert "memory/current_bytes" not in replica  # the CPU reports no memory
+    summary = logger.summary()
+    assert summary["examples"] == EXAMPLES * EPOCHS
+    assert summary["replica_examples"] == list(expected_cumulative(sizes, EPOCHS * 151))
+    assert sum(summary["replica_examples"]) == summary["examples"]
+    assert summary["step"] == int(model.optimizer.iterations.numpy())
+
+
+@pytest.mark.parametrize(("replicas", "spe"), CONFIGS)
+def test_warmup_is_excluded_and_windows_have_the_asked_length(
+    replicas: int, spe: int, tmp_path: Path, runs: dict[tuple[int, int], Any]
+) -> None:
+    _, _, _, log_dir, _ = train(replicas, spe, tmp_path, runs)
+    scalars = read_run(log_dir / "global")
+    count_steps = [s for s, _ in scalars["throughput/examples"]]
+    rate_steps = [s for s, _ in scalars["throughput/steps_per_sec"]]
+    # Counts at train begin, then at the end of warm-up (no rate), then every window.
+    assert count_steps[0] == 0
+    assert count_steps[1] >= WARMUP and count_steps[1] < WARMUP + spe
+    assert rate_steps == count_steps[2:]
+    windows = np.diff(count_steps[1:])
+    # Windows cover log_every_n_steps, rounded up to a whole execution of spe steps.
+    assert all(EVERY <= w < EVERY + spe for w in windows), windows
+    for k in range(replicas):
+        rates = read_run(log_dir / f"replica_{k}")["throughput/examples_per_sec"]
+        assert [s for s, _ in rates] == rate_steps
+    # Replica rates add up to the global rate.
+    global_rates = dict(scalars["throughput/examples_per_sec"])
+    replica_rates = [
+        dict(read_run(log_dir / f"replica_{k}")["throughput/examples_per_sec"])
+        for k in range(replicas)
+    ]
+    for step, value in global_rates.items():
+        assert sum(r[step] for r in replica_rates) == pytest.approx(value, rel=1e-5)
+
+
+def test_descriptions_say_measured_or_derived_and_layout_is_written(
+    tmp_path: Path, runs: dict[tuple[int, int], Any]
+) -> None:
+    _, _, _, log_dir, _ = train(2, 1, tmp_path, runs)
+    assert description(log_dir / "global", "throughput/examples_per_sec").startswith("Measured")
+    assert description(log_dir / "global", "throughput/steps_per_sec").startswith("Measured")
+    assert description(log_dir / "replica_0", "throughput/examples_per_sec").startswith("Derived")
+    assert description(log_dir / "global", "throughput/examples").startswith("Exact count")
+    acc = EventAccumulator(str(log_dir / "global"), size_guidance={"tensors": 0})
+    acc.Reload()
+    assert "custom_scalars__config__" in acc.Tags()["tensors"]
+
+
+def test_flops_give_mfu_labelled_derived(tmp_path: Path) -> None:
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    model = make_model(strategy, 1)
+    logger = ThroughputLogger(
+        tmp_path,
+        global_batch_size=BATCH,
+        log_every_n_steps=50,
+        warmup_steps=5,
+        flops_per_example=1e6,
+        peak_flops_per_replica=1e10,
+        per_replica=False,
+    )
+    model.fit(make_dataset(), epochs=1, verbose=0, callbacks=[logger])
+    assert {p.name for p in tmp_path.iterdir()} == {"global"}
+    scalars = read_run(tmp_path / "global")
+    rates = dict(scalars["throughput/examples_per_sec"])
+    mfu = dict(scalars["throughput/mfu"])
+    assert mfu.keys() == rates.keys()
+    for step, value in mfu.items():
+        assert value == pytest.approx(rates[step] * 1e6 / (2 * 1e10), rel=1e-5)
+    assert description(tmp_path / "global", "throughput/mfu").startswith("Derived")
+    assert logger.summary()["mfu"] > 0
+
+
+def test_global_batch_size_counts_every_step_as_full(tmp_path: Path) -> None:
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    model = make_model(strategy, 1)
+    logger = ThroughputLogger(tmp_path, global_batch_size=BATCH, log_every_n_steps=25)
+    ds = make_dataset().take(100)  # 100 full steps
+    model.fit(ds, epochs=2, verbose=0, callbacks=[logger])
+    summary = logger.summary()
+    assert summary["examples"] == 2 * 100 * BATCH
+    assert summary["replica_examples"] == [800, 800]
+    assert "split evenly" in summary["count_source"]
+    # A second fit continues the cumulative count and the step axis.
+    model.fit(ds, epochs=1, verbose=0, callbacks=[logger])
+    assert logger.summary()["examples"] == 3 * 100 * BATCH
+    counts = read_run(tmp_path / "global")["throughput/examples"]
+    assert max(s for s, _ in counts) > 200
+
+
+def test_validation_time_is_left_out_of_the_windows(tmp_path: Path) -> None:
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    model = make_model(strategy, 1)
+
+    class SlowValidation(keras.callbacks.Callback):  # type: ignore[misc]
+        def on_test_end(self, logs: Any = None) -> None:
+            time.sleep(1.0)
+
+    logger = ThroughputLogger(
+        tmp_path, global_batch_size=BATCH, log_every_n_steps=100, warmup_steps=5
+    )
+    ds = make_dataset().take(60)
+    started = time.perf_counter()
+    model.fit(
+        ds,
+        epochs=4,
+        verbose=0,
+        validation_data=make_dataset().take(2),
+        callbacks=[SlowValidation(), logger],
+    )
+    wall = time.perf_counter() - started
+    summary = logger.summary()
+    # Windows span epochs with a 1 s validation sleep at each end; none of it is counted.
+    assert summary["windows"] >= 2
+    assert summary["measured_seconds"] < wall - 2.5, (summary["measured_seconds"], wall)
+
+
+def test_missing_batch_size_fails_at_train_begin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dataset_info, "_built", 0)
+    monkeypatch.setattr(dataset_info, "_last_iterated", None)
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    model = make_model(strategy, 1)
+    with pytest.raises(ValueError, match=r"cannot count examples.*global_batch_size"):
+        model.fit(make_dataset(), epochs=1, verbose=0, callbacks=[ThroughputLogger(tmp_path)])
+    assert int(model.optimizer.iterations.numpy()) == 0
+
+
+def test_replica_mismatch_fails_at_train_begin(tmp_path: Path) -> None:
+    info = DatasetInfo(global_batch_size=8, per_replica_batch_size=2, num_replicas_in_sync=4)
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    model = make_model(strategy, 1)
+    with pytest.raises(ValueError, match="built for 4 replicas but the model trains on 2"):
+        model.fit(
+            make_dataset(),
+            epochs=1,
+            verbose=0,
+            callbacks=[ThroughputLogger(tmp_path, dataset=info)],
+        )
+
+
+def test_unwritable_log_dir_fails_at_train_begin(tmp_path: Path) -> None:
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("a file where the log directory should be")
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    model = make_model(strategy, 1)
+    logger = ThroughputLogger(blocker / "logs", global_batch_size=BATCH)
+    with pytest.raises(OSError, match="cannot write its TensorBoard run"):
+        model.fit(make_dataset(), epochs=1, verbose=0, callbacks=[logger])
+    assert int(model.optimizer.iterations.numpy()) == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"log_every_n_steps": 0}, ValueError, "log_every_n_steps=0 must be positive"),
+        ({"log_every_n_steps": 2.5}, TypeError, "log_every_n_steps=2.5 is not an int"),
+        ({"warmup_steps": -1}, ValueError, "warmup_steps=-1 is negative"),
+        ({"global_batch_size": 0}, ValueError, "global_batch_size=0 must be positive"),
+        ({"peak_flops_per_replica": 1e12}, ValueError, "without flops_per_example"),
+        ({"dataset": "train.tfrecord"}, TypeError, "carries no DatasetInfo"),
+    ],
+)
+def test_bad_arguments_are_explained(kwargs: dict[str, Any], error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        ThroughputLogger("logs", **kwargs)
+
+
+def test_plain_dataset_as_dataset_argument_is_rejected() -> None:
+    with pytest.raises(TypeError, match="pass global_batch_size= instead"):
+        ThroughputLogger("logs", dataset=make_dataset())
+
+
+def test_async_safe_on_a_single_worker() -> None:
+    assert ThroughputLogger("logs", global_batch_size=8).async_safe is True
+    assert os.environ.get("TF_CONFIG") is None

@@ -1,0 +1,129 @@
+"""ThroughputMeter: the pure accumulator, tested without TensorFlow."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tfdp_utils.throughput import ThroughputMeter, spread
+
+
+def test_rates_cover_the_window_since_the_previous_update() -> None:
+    meter = ThroughputMeter(num_replicas=2)
+    assert meter.update(step=0, time=10.0, replica_examples=[0, 0]) is None
+    window = meter.update(step=100, time=12.0, replica_examples=[800, 600])
+    assert window is not None
+    assert window.steps == 100
+    assert window.seconds == pytest.approx(2.0)
+    assert window.steps_per_sec == pytest.approx(50.0)
+    assert window.replica_examples_per_sec == pytest.approx((400.0, 300.0))
+    assert window.examples_per_sec == pytest.approx(700.0)
+    assert window.examples == 1400
+    second = meter.update(step=150, time=13.0, replica_examples=[1000, 800])
+    assert second is not None
+    assert second.steps_per_sec == pytest.approx(50.0)
+    assert second.examples_per_sec == pytest.approx(400.0)
+
+
+def test_warmup_steps_are_left_out_of_every_rate() -> None:
+    meter = ThroughputMeter(warmup_steps=10)
+    assert meter.update(step=0, time=0.0, replica_examples=[0]) is None
+    # A slow warm-up (tracing): 5 steps in 100 s.
+    assert meter.update(step=5, time=100.0, replica_examples=[40]) is None
+    assert not meter.warmed_up
+    assert meter.update(step=10, time=101.0, replica_examples=[80]) is None
+    assert meter.warmed_up
+    window = meter.update(step=20, time=102.0, replica_examples=[160])
+    assert window is not None and window.examples_per_sec == pytest.approx(80.0)
+    summary = meter.summary()
+    assert summary["steps_per_sec"] == pytest.approx(10.0)
+    assert summary["measured_steps"] == 10
+    assert summary["examples"] == 160  # cumulative count includes warm-up examples
+
+
+def test_warmup_counts_from_the_first_update_not_from_zero() -> None:
+    meter = ThroughputMeter(warmup_steps=10)
+    meter.update(step=5000, time=0.0, replica_examples=[0])  # a resumed run
+    assert meter.update(step=5005, time=1.0, replica_examples=[5]) is None
+    assert not meter.warmed_up
+    meter.update(step=5010, time=2.0, replica_examples=[10])
+    assert meter.warmed_up
+
+
+def test_flops_and_mfu() -> None:
+    meter = ThroughputMeter(num_replicas=4, flops_per_example=1e9, peak_flops_per_replica=1e12)
+    meter.update(step=0, time=0.0, replica_examples=[0] * 4)
+    window = meter.update(step=10, time=1.0, replica_examples=[100] * 4)
+    assert window is not None
+    assert window.flops_per_sec == pytest.approx(4e11)
+    assert window.mfu == pytest.approx(0.1)
+    assert meter.summary()["mfu"] == pytest.approx(0.1)
+    plain = ThroughputMeter()
+    plain.update(step=0, time=0.0, replica_examples=[0])
+    got = plain.update(step=1, time=1.0, replica_examples=[1])
+    assert got is not None and got.flops_per_sec is None and got.mfu is None
+
+
+def test_summary_before_any_window_has_counts_only() -> None:
+    meter = ThroughputMeter(warmup_steps=3)
+    meter.update(step=0, time=0.0, replica_examples=[7])
+    summary = meter.summary()
+    assert summary["examples"] == 7 and summary["windows"] == 0
+    assert "examples_per_sec" not in summary
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"num_replicas": 0}, ValueError, "num_replicas=0"),
+        ({"warmup_steps": -1}, ValueError, "warmup_steps=-1 is negative"),
+        ({"warmup_steps": 1.5}, TypeError, "warmup_steps=1.5"),
+        ({"flops_per_example": -3.0}, ValueError, "flops_per_example=-3.0"),
+        ({"peak_flops_per_replica": 1e12}, ValueError, "without flops_per_example"),
+    ],
+)
+def test_bad_arguments_are_explained(kwargs: dict[str, object], error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        ThroughputMeter(**kwargs)  # type: ignore[arg-type]
+
+
+def test_counters_going_backwards_are_rejected() -> None:
+    meter = ThroughputMeter(num_replicas=2)
+    meter.update(step=10, time=5.0, replica_examples=[10, 10])
+    with pytest.raises(ValueError, match="goes back"):
+        meter.update(step=9, time=6.0, replica_examples=[10, 10])
+    with pytest.raises(ValueError, match="cumulative"):
+        meter.update(step=11, time=6.0, replica_examples=[9, 10])
+    with pytest.raises(ValueError, match="one per replica"):
+        meter.update(step=11, time=6.0, replica_examples=[10])
+
+
+def test_spread() -> None:
+    assert spread([100.0, 90.0, 95.0]) == (90.0, 100.0, pytest.approx(0.1))
+    assert spread([5.0])[2] == 0.0
+    with pytest.raises(ValueError, match="at least one"):
+        spread([])
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 50), st.floats(0.01, 10.0), st.integers(0, 64)),
+        min_size=2,
+        max_size=30,
+    )
+)
+def test_total_rate_is_total_examples_over_total_time(
+    increments: list[tuple[int, float, int]],
+) -> None:
+    meter = ThroughputMeter()
+    step, now, examples = 0, 0.0, 0
+    meter.update(step=step, time=now, replica_examples=[examples])
+    for d_step, d_time, d_examples in increments:
+        step, now, examples = step + d_step, now + d_time, examples + d_examples
+        meter.update(step=step, time=now, replica_examples=[examples])
+    total = meter.total()
+    assert total is not None
+    assert total.examples_per_sec == pytest.approx(examples / now)
+    assert total.steps_per_sec == pytest.approx(step / now)
+    assert meter.windows == len(increments)
