@@ -6,6 +6,7 @@
 >>> model.fit(dataset, callbacks=[tdu.callbacks.ThroughputLogger("logs")])  # doctest: +SKIP
 """
 
+from tfdp_utils import compat
 from tfdp_utils._tf import IS_KERAS3, KERAS_FLAVOUR
 from tfdp_utils.batching import (
     global_batch_size,
@@ -44,6 +45,7 @@ __all__ = [
     "auto_strategy",
     "build_distributed_dataset",
     "choose_strategy",
+    "compat",
     "detect_environment",
     "global_batch_size",
     "make_distributed_train_step",
