@@ -64,3 +64,58 @@ def run_python(
 @pytest.fixture
 def logical_cpus() -> int:
     return NUM_LOGICAL_CPUS
+
+
+def start_python(code: str, *, env: Mapping[str, str] | None = None) -> subprocess.Popen[str]:
+    """Start ``code`` in a fresh Python process; pair with :func:`wait_all`."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    full_env.update(env or {})
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=str(REPO),
+    )
+
+
+def wait_all(
+    processes: list[subprocess.Popen[str]], *, timeout: float
+) -> list[tuple[int, str, str]]:
+    """Wait for every process within one shared deadline; kill them all if it passes.
+
+    Returns ``(returncode, stdout, stderr)`` per process. Raises ``TimeoutError`` (with the
+    processes' output) when the deadline passes, after killing every process.
+    """
+    import time
+
+    deadline = time.monotonic() + timeout
+    results: list[tuple[int, str, str]] = []
+    try:
+        for process in processes:
+            remaining = max(deadline - time.monotonic(), 0.1)
+            out, err = process.communicate(timeout=remaining)
+            results.append((process.returncode, out, err))
+    except subprocess.TimeoutExpired:
+        outputs = []
+        for process in processes:
+            process.kill()
+            out, err = process.communicate()
+            outputs.append(f"--- pid {process.pid} rc={process.returncode}\n{out}\n{err[-3000:]}")
+        raise TimeoutError(
+            f"processes did not finish within {timeout} s:\n" + "\n".join(outputs)
+        ) from None
+    return results
+
+
+def tf_config(ports: list[int], index: int, task_type: str = "worker") -> str:
+    """TF_CONFIG for a localhost cluster of workers on ``ports``."""
+    import json
+
+    return json.dumps(
+        {
+            "cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
+            "task": {"type": task_type, "index": index},
+        }
+    )

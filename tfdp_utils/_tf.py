@@ -54,24 +54,33 @@ def legacy_keras_requested() -> bool:
 
 
 def tensorflow_flavour() -> str:
-    """Name of the installed TensorFlow distribution (``tensorflow``, ``tensorflow-cpu``, ...)."""
+    """Name of the installed TensorFlow distribution (``tensorflow-cpu``, ``tensorflow``, ...).
+
+    The specific flavours are checked first: ``tensorflow-cpu`` may pull in ``tensorflow``'s
+    metadata too.
+    """
     from importlib import metadata
 
-    for name in (
-        "tensorflow",
-        "tensorflow-cpu",
-        "tensorflow-gpu",
-        "tensorflow-tpu",
-        "tensorflow-intel",
-        "tensorflow-macos",
-        "tf-nightly",
-        "tf-nightly-cpu",
-    ):
+    def installed(name: str) -> bool:
         try:
             metadata.version(name)
         except metadata.PackageNotFoundError:
-            continue
-        return name
+            return False
+        return True
+
+    for name in (
+        "tensorflow-cpu",
+        "tensorflow-tpu",
+        "tensorflow-gpu",
+        "tensorflow-intel",
+        "tensorflow-macos",
+        "tf-nightly-cpu",
+        "tf-nightly",
+    ):
+        if installed(name):
+            return name
+    if installed("tensorflow"):
+        return "tensorflow[and-cuda]" if installed("nvidia-cudnn-cu12") else "tensorflow"
     return "unknown"
 
 

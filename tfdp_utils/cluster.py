@@ -7,12 +7,14 @@ own constructor lacks (it waits forever for a worker that never starts).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import os
 import re
 import socket
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -138,7 +140,8 @@ def validate_cluster(
     """
     if not isinstance(cluster, Mapping) or not cluster:
         raise _tf_config_error(
-            f"'cluster' is {cluster!r}; expected a non-empty object of task type -> list of addresses"
+            f"'cluster' is {cluster!r}; expected a non-empty object of "
+            "task type -> list of addresses"
         )
     clean: dict[str, tuple[str, ...]] = {}
     seen: dict[str, str] = {}
@@ -196,7 +199,8 @@ def validate_cluster(
     if not 0 <= task_index < len(clean[task_type]):
         raise _tf_config_error(
             f"task index {task_index} is out of range: cluster[{task_type!r}] has "
-            f"{len(clean[task_type])} address(es), so valid indices are 0..{len(clean[task_type]) - 1}"
+            f"{len(clean[task_type])} address(es), so valid indices are "
+            f"0..{len(clean[task_type]) - 1}"
         )
     return ClusterConfig(cluster=clean, task_type=task_type, task_index=task_index, source=source)
 
@@ -323,9 +327,7 @@ def parse_slurm(environ: Mapping[str, str]) -> ClusterConfig | None:
             "SLURM_JOB_NODELIST is; run the script with srun inside the allocation."
         )
     nodes = expand_hostlist(nodelist)
-    per_node_text = environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get(
-        "SLURM_TASKS_PER_NODE"
-    )
+    per_node_text = environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE")
     if per_node_text:
         per_node = expand_tasks_per_node(per_node_text)
     else:
@@ -350,7 +352,7 @@ def parse_slurm(environ: Mapping[str, str]) -> ClusterConfig | None:
     port_base = int(port_text)
     workers = [
         f"{node}:{port_base + local}"
-        for node, count in zip(nodes, per_node)
+        for node, count in zip(nodes, per_node, strict=True)
         for local in range(count)
     ]
     if not 0 <= rank < len(workers):
@@ -388,13 +390,83 @@ def _bind_host(host: str) -> str:
 
 
 def _reachable(address: str, timeout: float) -> bool:
+    """Whether ``address`` accepts a TCP connection within ``timeout`` seconds."""
     host, _, port = address.rpartition(":")
-    host = host.strip("[]")
     try:
-        with socket.create_connection((host, int(port)), timeout=max(timeout, 0.05)):
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=max(timeout, 0.05)):
             return True
     except OSError:
         return False
+
+
+_BANNER = b"tfdp-rendezvous\n"
+_HELLO = b"tfdp-hello "
+
+
+def _probe(address: str, me: str, timeout: float) -> str | None:
+    """Contact a peer: ``"rendezvous"`` (it waits for us, and now knows we are here),
+    ``"running"`` (its port answers without our banner: TensorFlow's server is up), or None."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection(
+            (host.strip("[]"), int(port)), timeout=max(timeout, 0.05)
+        ) as s:
+            s.settimeout(0.5)
+            try:
+                banner = s.recv(len(_BANNER))
+            except OSError:
+                banner = b""
+            if banner != _BANNER:
+                return "running"
+            s.sendall(_HELLO + me.encode() + b"\n")
+            return "rendezvous"
+    except OSError:
+        return None
+
+
+class _Listener:
+    """Listens on this task's port and records which peers said hello."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.greeted: set[str] = set()
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, name="tfdp-rendezvous", daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        self.sock.settimeout(0.1)
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            with conn:
+                try:
+                    conn.settimeout(1.0)
+                    conn.sendall(_BANNER)
+                    line = conn.recv(256)
+                except OSError:
+                    continue
+                # Let the peer close first, so TIME_WAIT stays on its side and this port is
+                # free for TensorFlow's server straight away.
+                with contextlib.suppress(OSError):
+                    conn.recv(1)
+            if line.startswith(_HELLO):
+                with self.lock:
+                    self.greeted.add(line[len(_HELLO) :].decode(errors="replace").strip())
+
+    def has_greeted(self, name: str) -> bool:
+        with self.lock:
+            return name in self.greeted
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(2.0)
+        self.sock.close()
 
 
 def wait_for_peers(
@@ -404,11 +476,12 @@ def wait_for_peers(
     poll_interval: float = 0.2,
     timeout_variable: str = "cluster_timeout",
 ) -> float:
-    """Block until every other training task's port accepts TCP connections, at most ``timeout`` s.
+    """Block until every other training task has started, at most ``timeout`` seconds.
 
-    While waiting, this task listens on its own port so that peers doing the same see it;
-    the listener is closed before returning, so TensorFlow's server can bind the port next.
-    Returns the seconds waited.
+    A small rendezvous on each task's own port: every task listens there, contacts every peer,
+    and returns once it has reached each peer and each peer still waiting has reached it. The
+    listener is closed before returning, so TensorFlow's server can bind the port next; a peer
+    whose TensorFlow server already answers counts as started. Returns the seconds waited.
 
     Raises:
         ClusterTimeoutError: naming each task that never answered and how to wait longer.
@@ -417,24 +490,36 @@ def wait_for_peers(
     start = time.monotonic()
     deadline = start + timeout
     own = config.address
+    me = f"{config.task_type}:{config.task_index}"
     peers = [task for task in config.training_tasks if task[2] != own]
     host, _, port = own.rpartition(":")
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        try:
-            listener.bind((_bind_host(host.strip("[]")), int(port)))
-        except OSError as exc:
-            raise OSError(
-                f"cannot listen on this task's address {own} ({config.task_type}:"
-                f"{config.task_index}): {exc}. Another program holds the port; free it or "
-                "give this task another port in the cluster spec."
-            ) from exc
-        listener.listen(64)
-        pending = list(peers)
-        while pending:
-            remaining = deadline - time.monotonic()
-            pending = [t for t in pending if not _reachable(t[2], min(1.0, max(remaining, 0.05)))]
+        sock.bind((_bind_host(host.strip("[]")), int(port)))
+    except OSError as exc:
+        sock.close()
+        raise OSError(
+            f"cannot listen on this task's address {own} ({me}): {exc}. Another program holds "
+            "the port; free it or give this task another port in the cluster spec."
+        ) from exc
+    sock.listen(64)
+    listener = _Listener(sock)
+    state: dict[tuple[str, int, str], str | None] = {task: None for task in peers}
+    try:
+        while True:
+            for task in peers:
+                if state[task] is None:
+                    remaining = deadline - time.monotonic()
+                    state[task] = _probe(task[2], me, min(1.0, max(remaining, 0.05)))
+            pending = [
+                task
+                for task in peers
+                if state[task] is None
+                or (
+                    state[task] == "rendezvous" and not listener.has_greeted(f"{task[0]}:{task[1]}")
+                )
+            ]
             if not pending:
                 break
             if time.monotonic() >= deadline:
@@ -442,10 +527,10 @@ def wait_for_peers(
                 raise ClusterTimeoutError(
                     f"{len(pending)} of {len(peers)} peer task(s) did not join the "
                     f"{config.source} cluster within {timeout:g} s: {names}. "
-                    f"This task is {config.task_type}:{config.task_index} at {own}. "
-                    "Check that every task was started and that the addresses are reachable "
-                    f"from here, or wait longer with auto_strategy({timeout_variable}=SECONDS) "
-                    "or the TFDP_CLUSTER_TIMEOUT environment variable.",
+                    f"This task is {me} at {own}. Check that every task was started and that "
+                    "the addresses are reachable from here, or wait longer with "
+                    f"auto_strategy({timeout_variable}=SECONDS) or the TFDP_CLUSTER_TIMEOUT "
+                    "environment variable.",
                     missing=pending,
                     timeout=timeout,
                 )
@@ -453,7 +538,7 @@ def wait_for_peers(
     finally:
         listener.close()
     waited = time.monotonic() - start
-    logger.debug("all %d peer(s) reachable after %.2f s", len(peers), waited)
+    logger.debug("all %d peer(s) started after %.2f s", len(peers), waited)
     return waited
 
 

@@ -76,7 +76,9 @@ def _logical_names(device_type: str) -> tuple[str, ...]:
     from tfdp_utils._tf import tf
 
     if _runtime_initialized():
-        return tuple(d.name for d in tf.config.list_logical_devices(device_type))
+        # After a cluster connects, names carry "/job:worker/..."; keep the local part.
+        names = [d.name.rsplit("/", 1)[-1] for d in tf.config.list_logical_devices(device_type)]
+        return tuple(f"/{name}" if name.startswith("device:") else name for name in names)
     count = 0
     for physical in tf.config.list_physical_devices(device_type):
         if not _visible(physical):

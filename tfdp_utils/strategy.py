@@ -8,11 +8,12 @@ network, and builds the strategy.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import threading
 from collections.abc import Sequence
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 from tfdp_utils.cluster import ClusterConfig, wait_for_peers
 from tfdp_utils.environment import Environment, detect_environment
@@ -82,7 +83,7 @@ def _check_prefer(prefer: str, source: str) -> str:
             f"{source}={prefer!r} is not a strategy choice; expected one of "
             f"{', '.join(repr(c) for c in PREFER_CHOICES)}."
         )
-    return cast(str, value)
+    return str(value)
 
 
 def _restrict(env: Environment, devices: Sequence[str]) -> tuple[str, ...]:
@@ -108,7 +109,9 @@ def _local_choice(env: Environment, devices: tuple[str, ...] | None, why: str) -
         kind: StrategyKind = "mirrored" if len(devices) > 1 else "one_device"
         return StrategyChoice(kind, devices, f"{why}devices={list(devices)} given -> {kind}")
     if len(env.gpus) >= 2:
-        return StrategyChoice("mirrored", env.gpus, f"{why}{len(env.gpus)} GPUs visible -> mirrored")
+        return StrategyChoice(
+            "mirrored", env.gpus, f"{why}{len(env.gpus)} GPUs visible -> mirrored"
+        )
     if len(env.cpus) >= 2 and not env.gpus:
         return StrategyChoice(
             "mirrored",
@@ -117,7 +120,7 @@ def _local_choice(env: Environment, devices: tuple[str, ...] | None, why: str) -
         )
     if env.gpus:
         return StrategyChoice("one_device", env.gpus[:1], f"{why}1 GPU visible -> one_device")
-    return StrategyChoice("one_device", env.cpus[:1], f"{why}no GPU or TPU -> one_device on CPU")
+    return StrategyChoice("one_device", env.cpus[:1], f"{why}no GPU or TPU, CPU only -> one_device")
 
 
 def choose_strategy(
@@ -263,8 +266,10 @@ def _connect_tpu(address: str | None, probe_timeout: float) -> Any:
     if master.startswith("grpc://"):
         target = master[len("grpc://") :]
         if not _reachable(target, probe_timeout):
-            raise TimeoutError(f"TPU worker {target} did not accept a connection within "
-                               f"probe_timeout={probe_timeout:g} s")
+            raise TimeoutError(
+                f"TPU worker {target} did not accept a connection within "
+                f"probe_timeout={probe_timeout:g} s"
+            )
         tf.config.experimental_connect_to_cluster(resolver)
     tf.tpu.experimental.initialize_tpu_system(resolver)
     strategy = tf.distribute.TPUStrategy(resolver)
@@ -325,7 +330,8 @@ def _build_multi_worker(
     resolver = cluster_resolver
     if resolver is None and config is not None:
         resolver = _resolver_for(config, num_gpus)
-    key = ("multi_worker", config, choice.devices, collective_timeout)
+    spec = json.dumps(config.as_tf_config(), sort_keys=True) if config else None
+    key = ("multi_worker", spec, choice.devices, collective_timeout)
     with _CACHE_LOCK:
         if key in _CACHE:
             return _CACHE[key]
@@ -441,7 +447,9 @@ def auto_strategy(
         try:
             strategy = _connect_tpu(env.tpu_address, probe_timeout)
         except Exception as exc:
-            failure = f"TPU evidence ({env.tpu_hint or 'local TPU devices'}) but probe failed: {exc}"
+            failure = (
+                f"TPU evidence ({env.tpu_hint or 'local TPU devices'}) but probe failed: {exc}"
+            )
             if _check_prefer(prefer, "prefer") == "tpu" or env.forced_strategy == "tpu":
                 raise TPUProbeError(
                     f"{failure}. Check the TPU name/address, or pass probe_timeout=SECONDS to wait "
@@ -461,7 +469,7 @@ def auto_strategy(
     _after_build(strategy)
     logger.info(
         "tfdp_utils: %s over %d replica(s) on %s: %s",
-        type(strategy).__name__,
+        choice.class_name,
         strategy.num_replicas_in_sync,
         ", ".join(choice.devices) or "TPU",
         choice.reason,

@@ -1,0 +1,245 @@
+"""auto_strategy() with real TensorFlow: logical CPUs, subprocess clusters, silent TPU metadata."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+import time
+
+import pytest
+from conftest import NUM_LOGICAL_CPUS, free_port, run_python, start_python, tf_config, wait_all
+
+import tfdp_utils as tdu
+from tfdp_utils._tf import tf
+from tfdp_utils.strategy import explain
+
+
+def test_four_logical_cpus_give_mirrored(caplog):
+    with caplog.at_level(logging.INFO, logger="tfdp_utils"):
+        strategy = tdu.auto_strategy()
+    assert isinstance(strategy, tf.distribute.MirroredStrategy)
+    assert strategy.num_replicas_in_sync == NUM_LOGICAL_CPUS
+    lines = [r.getMessage() for r in caplog.records if r.name == "tfdp_utils"]
+    assert len(lines) == 1
+    assert "MirroredStrategy over 4 replica(s)" in lines[0]
+    assert "4 logical CPU devices" in lines[0]
+    # The strategy really runs on four replicas.
+    result = strategy.reduce(
+        tf.distribute.ReduceOp.SUM,
+        strategy.run(lambda: tf.constant(1.0)),
+        axis=None,
+    )
+    assert float(result) == NUM_LOGICAL_CPUS
+
+
+def test_devices_restrict_replicas():
+    strategy = tdu.auto_strategy(devices=["/cpu:0", "/cpu:2"])
+    assert isinstance(strategy, tf.distribute.MirroredStrategy)
+    assert strategy.num_replicas_in_sync == 2
+    assert set(strategy.extended.worker_devices) == {
+        "/job:localhost/replica:0/task:0/device:CPU:0",
+        "/job:localhost/replica:0/task:0/device:CPU:2",
+    }
+    one = tdu.auto_strategy(devices=["/cpu:3"])
+    assert isinstance(one, tf.distribute.OneDeviceStrategy)
+
+
+def test_environment_variable_forces_choice(monkeypatch):
+    monkeypatch.setenv("TFDP_STRATEGY", "one_device")
+    strategy = tdu.auto_strategy()
+    assert isinstance(strategy, tf.distribute.OneDeviceStrategy)
+    assert "TFDP_STRATEGY=one_device" in explain(strategy).reason
+    # An explicit argument still wins over the variable.
+    assert isinstance(tdu.auto_strategy("mirrored"), tf.distribute.MirroredStrategy)
+    monkeypatch.setenv("TFDP_STRATEGY", "warp")
+    with pytest.raises(ValueError, match="TFDP_STRATEGY='warp'"):
+        tdu.auto_strategy()
+
+
+def test_calling_again_gives_an_equivalent_working_strategy():
+    first = tdu.auto_strategy()
+    second = tdu.auto_strategy()
+    assert type(first) is type(second)
+    assert first.num_replicas_in_sync == second.num_replicas_in_sync
+    with second.scope():
+        variable = tf.Variable(1.0)
+    assert float(second.reduce("SUM", second.run(lambda: variable * 2), axis=None)) == 8.0
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "{not json",
+        '{"cluster": {"worker": ["127.0.0.1:1"]}}',
+        '{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 3}}',
+        '{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:1"]}, "task": {"type": "worker"}}',
+    ],
+)
+def test_bad_tf_config_fails_before_any_wait(monkeypatch, bad):
+    monkeypatch.setenv("TF_CONFIG", bad)
+    start = time.monotonic()
+    with pytest.raises(ValueError, match="TF_CONFIG is invalid"):
+        tdu.auto_strategy(cluster_timeout=60)
+    assert time.monotonic() - start < 5
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="probe_timeout=0"):
+        tdu.auto_strategy(probe_timeout=0)
+    with pytest.raises(ValueError, match="cluster_timeout=-1"):
+        tdu.auto_strategy(cluster_timeout=-1)
+    with pytest.raises(ValueError, match=r"prefer='gpus'.*'auto'"):
+        tdu.auto_strategy("gpus")
+
+
+class _SilentServer:
+    """Accepts TCP connections on 127.0.0.1 and never answers (a hung metadata server)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.accepted: list[socket.socket] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        self.sock.settimeout(0.1)
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+                self.accepted.append(conn)
+            except OSError:
+                continue
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(2)
+        for conn in self.accepted:
+            conn.close()
+        self.sock.close()
+
+
+def test_silent_tpu_metadata_server_falls_back_within_probe_timeout(monkeypatch, caplog):
+    server = _SilentServer()
+    try:
+        monkeypatch.setenv("TPU_NAME", "my-tpu")
+        monkeypatch.setenv("GCE_METADATA_IP", f"127.0.0.1:{server.port}")
+        monkeypatch.delenv("GCE_METADATA_HOST", raising=False)
+        start = time.monotonic()
+        with caplog.at_level(logging.INFO, logger="tfdp_utils"):
+            strategy = tdu.auto_strategy(probe_timeout=2.0)
+        elapsed = time.monotonic() - start
+        assert server.accepted, "the probe never reached the metadata server"
+    finally:
+        server.close()
+    assert elapsed < 2.0 + 1.0
+    assert isinstance(strategy, tf.distribute.MirroredStrategy)
+    reason = explain(strategy).reason
+    assert "TPU_NAME='my-tpu'" in reason and "probe_timeout=2" in reason
+    assert any("falling back" in r.getMessage() for r in caplog.records)
+
+
+def test_explicit_tpu_without_tpu_raises(monkeypatch):
+    monkeypatch.delenv("TPU_NAME", raising=False)
+    with pytest.raises(tdu.TPUProbeError, match="prefer='auto' to fall back"):
+        tdu.auto_strategy("tpu", probe_timeout=2.0)
+
+
+@pytest.mark.slow
+def test_one_cpu_and_two_logical_cpus_in_fresh_processes():
+    two = run_python(
+        """
+        import tensorflow as tf
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        config = [tf.config.LogicalDeviceConfiguration()] * 2
+        tf.config.set_logical_device_configuration(cpu, config)
+        import tfdp_utils as tdu
+        s = tdu.auto_strategy()
+        print("RESULT", type(s).__name__, s.num_replicas_in_sync)
+        """
+    )
+    one = run_python(
+        """
+        import tfdp_utils as tdu
+        s = tdu.auto_strategy()
+        print("RESULT", type(s).__name__, s.num_replicas_in_sync)
+        """
+    )
+    assert "RESULT MirroredStrategy 2" in two.stdout, two.stderr[-3000:]
+    assert "RESULT OneDeviceStrategy 1" in one.stdout, one.stderr[-3000:]
+
+
+WORKER = """
+import json, os, sys, time
+import tfdp_utils as tdu
+import tensorflow as tf
+start = time.monotonic()
+try:
+    strategy = tdu.auto_strategy(cluster_timeout=float(os.environ["TIMEOUT"]))
+except tdu.ClusterTimeoutError as exc:
+    print("TIMEOUT", json.dumps({"elapsed": time.monotonic() - start, "message": str(exc),
+                                 "missing": [list(m) for m in exc.missing]}))
+    sys.exit(3)
+rank = strategy.cluster_resolver.task_id
+total = strategy.reduce("SUM", strategy.run(lambda: tf.constant(float(rank + 1))), axis=None)
+again = tdu.auto_strategy()
+print("RESULT", json.dumps({"mwms": isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy),
+                            "replicas": strategy.num_replicas_in_sync,
+                            "sum": float(total), "same": again is strategy}))
+"""
+
+
+@pytest.mark.slow
+def test_real_two_worker_localhost_cluster():
+    ports = [free_port(), free_port()]
+    processes = [
+        start_python(WORKER, env={"TF_CONFIG": tf_config(ports, i), "TIMEOUT": "60"})
+        for i in range(2)
+    ]
+    results = wait_all(processes, timeout=150)
+    for rc, out, err in results:
+        assert rc == 0, err[-3000:]
+        line = next(x for x in out.splitlines() if x.startswith("RESULT "))
+        data = json.loads(line[len("RESULT ") :])
+        assert data == {
+            "mwms": True,
+            "replicas": 2,
+            "sum": 3.0,  # 1 + 2: a real all-reduce across both processes
+            "same": True,
+        }
+
+
+@pytest.mark.slow
+def test_worker_that_never_starts_gives_a_clear_error_in_time():
+    ports = [free_port(), free_port()]
+    timeout = 4.0
+    process = start_python(WORKER, env={"TF_CONFIG": tf_config(ports, 0), "TIMEOUT": str(timeout)})
+    [(rc, out, err)] = wait_all([process], timeout=120)
+    assert rc == 3, err[-3000:]
+    data = json.loads(next(x for x in out.splitlines() if x.startswith("TIMEOUT "))[8:])
+    assert timeout <= data["elapsed"] < timeout + 3
+    assert data["missing"] == [["worker", 1, f"127.0.0.1:{ports[1]}"]]
+    assert f"worker:1 at 127.0.0.1:{ports[1]}" in data["message"]
+    assert "cluster_timeout=SECONDS" in data["message"]
+
+
+@pytest.mark.slow
+def test_env_command_reports_versions_and_choice():
+    result = run_python(
+        "from tfdp_utils.cli import main; raise SystemExit(main(['env', '--json']))",
+        env={"TFDP_STRATEGY": ""},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout[result.stdout.index("{") :])
+    assert report["strategy"] == "OneDeviceStrategy"
+    assert "CPU only" in report["reason"]
+    assert report["tensorflow"] == tf.__version__
+    assert report["keras_flavour"] in ("keras3", "tf_keras")
+    text = run_python("from tfdp_utils.cli import main; raise SystemExit(main(['env']))")
+    assert "Strategy auto_strategy() would build: OneDeviceStrategy" in text.stdout
+    assert "TensorFlow distribution: tensorflow-cpu" in text.stdout

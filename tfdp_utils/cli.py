@@ -1,0 +1,168 @@
+"""The ``tfdp-utils`` command: ``env``, ``demo`` and ``report``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+ENV_VARIABLES: tuple[str, ...] = (
+    "TF_CONFIG",
+    "TF_USE_LEGACY_KERAS",
+    "TFDP_STRATEGY",
+    "TFDP_CLUSTER_TIMEOUT",
+    "TFDP_NO_KERAS_PATCHES",
+    "TFDP_SLURM_PORT_BASE",
+    "CUDA_VISIBLE_DEVICES",
+    "TPU_NAME",
+    "SLURM_PROCID",
+    "SLURM_STEP_NUM_TASKS",
+)
+
+
+def _version(distribution: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def environment_report() -> dict[str, Any]:
+    """Everything ``tfdp-utils env`` prints, as a JSON-ready dictionary.
+
+    The strategy is the one :func:`tfdp_utils.auto_strategy` would choose here; nothing is
+    built and no network is touched (a TPU hint is reported, not probed).
+    """
+    from tfdp_utils import __version__
+    from tfdp_utils._tf import IS_KERAS3, KERAS_VERSION, tensorflow_flavour, tf
+    from tfdp_utils.environment import detect_environment
+    from tfdp_utils.strategy import choose_strategy
+
+    report: dict[str, Any] = {
+        "tfdp_utils": __version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "tensorflow": tf.__version__,
+        "tensorflow_distribution": tensorflow_flavour(),
+        "keras": KERAS_VERSION,
+        "keras_flavour": "keras3" if IS_KERAS3 else "tf_keras",
+        "tf_keras_active": not IS_KERAS3,
+        "tensorboard": _version("tensorboard"),
+        "variables": {name: os.environ[name] for name in ENV_VARIABLES if name in os.environ},
+    }
+    try:
+        env = detect_environment()
+        choice = choose_strategy(env)
+    except ValueError as exc:
+        report.update(strategy=None, reason=f"error: {exc}", devices=None, cluster=None)
+        return report
+    report.update(
+        devices={"gpu": list(env.gpus), "cpu": list(env.cpus), "tpu": list(env.tpus)},
+        tpu_hint=env.tpu_hint,
+        cluster=env.cluster.as_tf_config() if env.cluster else None,
+        cluster_source=env.cluster.source if env.cluster else None,
+        strategy=choice.class_name,
+        strategy_kind=choice.kind,
+        strategy_devices=list(choice.devices),
+        reason=choice.reason,
+    )
+    return report
+
+
+def _format_report(report: dict[str, Any]) -> str:
+    lines = ["tfdp-utils environment (paste this into bug reports)", ""]
+    order = [
+        ("tfdp-utils", "tfdp_utils"),
+        ("Python", "python"),
+        ("Platform", "platform"),
+        ("TensorFlow", "tensorflow"),
+        ("TensorFlow distribution", "tensorflow_distribution"),
+        ("Keras", "keras"),
+        ("Keras flavour", "keras_flavour"),
+        ("TensorBoard", "tensorboard"),
+    ]
+    for label, key in order:
+        lines.append(f"- {label}: {report.get(key)}")
+    devices = report.get("devices") or {}
+    for kind in ("gpu", "cpu", "tpu"):
+        names = devices.get(kind) or []
+        lines.append(f"- {kind.upper()} devices ({len(names)}): {', '.join(names) or '-'}")
+    if report.get("tpu_hint"):
+        lines.append(f"- TPU hint: {report['tpu_hint']} (not probed)")
+    cluster = report.get("cluster")
+    lines.append(
+        f"- Cluster: {report.get('cluster_source')} {json.dumps(cluster)}"
+        if cluster
+        else "- Cluster: none"
+    )
+    for name, value in report.get("variables", {}).items():
+        lines.append(f"- ${name}: {value}")
+    lines.append(f"- Strategy auto_strategy() would build: {report.get('strategy')}")
+    lines.append(f"- Why: {report.get('reason')}")
+    return "\n".join(lines)
+
+
+def _cmd_env(args: argparse.Namespace) -> int:
+    report = environment_report()
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        print(_format_report(report))
+    return 0 if report.get("strategy") else 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tfdp-utils",
+        description="Data-parallel TensorFlow/Keras training helpers.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    env = sub.add_parser("env", help="print versions, devices, cluster and the strategy choice")
+    env.add_argument("--json", action="store_true", help="print one JSON object")
+    env.set_defaults(func=_cmd_env)
+
+    from tfdp_utils import demo
+
+    demo_parser = sub.add_parser("demo", help="train the tutorial's model data-parallel")
+    demo.add_arguments(demo_parser)
+    demo_parser.set_defaults(func=demo.run_from_args)
+
+    report_module = _optional_report()
+    if report_module is not None:
+        report_parser = sub.add_parser(
+            "report", help="summarise throughput logs written by ThroughputLogger"
+        )
+        report_module.add_arguments(report_parser)
+        report_parser.set_defaults(func=report_module.run_from_args)
+    return parser
+
+
+def _optional_report() -> Any:
+    import importlib
+
+    try:
+        return importlib.import_module("tfdp_utils.report")
+    except ImportError:  # pragma: no cover - the module ships with the package
+        return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``tfdp-utils`` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
