@@ -353,12 +353,16 @@ def test_tf_function_loop_runs_every_step() -> None:
 
 @pytest.mark.keras
 def test_keras_fit_consumes_every_example() -> None:
-    from tfdp_utils._tf import keras
+    from tfdp_utils._tf import IS_KERAS3, keras
 
     strategy = _mirrored(2)
     n = 13
     x = np.arange(n, dtype="float32").reshape(-1, 1)
-    dist = build_distributed_dataset((x, x), strategy=strategy, global_batch_size=4)
+    # tf_keras needs steps_per_epoch for a distributed dataset and keeps one iterator for all
+    # epochs, so it trains on a repeated dataset; Keras 3 re-iterates each epoch.
+    dist = build_distributed_dataset(
+        (x, x), strategy=strategy, global_batch_size=4, repeat=not IS_KERAS3
+    )
 
     class Count(keras.callbacks.Callback):
         batches = 0
@@ -369,9 +373,12 @@ def test_keras_fit_consumes_every_example() -> None:
     with strategy.scope():
         model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
         model.compile(optimizer="sgd", loss="mse")
-    history = model.fit(dist, epochs=2, verbose=0, callbacks=[Count()])
+    steps = None if IS_KERAS3 else 4
+    history = model.fit(dist, epochs=2, steps_per_epoch=steps, verbose=0, callbacks=[Count()])
     assert len(history.history["loss"]) == 2
-    assert Count.batches == 2 * dist.tfdp_info.steps_per_epoch == 8
+    assert Count.batches == 8
+    if IS_KERAS3:
+        assert dist.tfdp_info.steps_per_epoch == 4
     assert dataset_info.last_iterated() is dist.tfdp_info
 
 
