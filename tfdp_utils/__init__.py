@@ -6,7 +6,7 @@
 >>> model.fit(dataset, callbacks=[tdu.callbacks.ThroughputLogger("logs")])  # doctest: +SKIP
 """
 
-from tfdp_utils import compat
+from tfdp_utils import callbacks, compat
 from tfdp_utils._tf import IS_KERAS3, KERAS_FLAVOUR
 from tfdp_utils.batching import (
     global_batch_size,
@@ -26,6 +26,7 @@ from tfdp_utils.strategy import (
     auto_strategy,
     choose_strategy,
 )
+from tfdp_utils.throughput import ThroughputMeter
 from tfdp_utils.training import make_distributed_train_step
 
 __version__ = "0.1.0"
@@ -40,10 +41,12 @@ __all__ = [
     "ShardingPlan",
     "StrategyChoice",
     "TPUProbeError",
+    "ThroughputMeter",
     "WarmupSchedule",
     "__version__",
     "auto_strategy",
     "build_distributed_dataset",
+    "callbacks",
     "choose_strategy",
     "compat",
     "detect_environment",
