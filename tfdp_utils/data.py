@@ -41,6 +41,8 @@ ShardPolicy = Literal["file", "data", "hint", "off"]
 SourceKind = Literal["dataset", "arrays", "files", "function"]
 
 SHARD_POLICIES: tuple[str, ...] = ("auto", "file", "data", "hint", "off")
+MAX_PARALLEL_FILES = 16
+"""Files a worker reads at once (the interleave's cycle length and parallelism)."""
 DEFAULT_SHUFFLE_SEED = 1234
 """Seed used when shuffling with DATA sharding and no ``seed`` was given.
 
@@ -764,7 +766,7 @@ def _per_worker_dataset(recipe: _Recipe, source: Any, context: Any) -> Any:
             file_ds = file_ds.shuffle(len(files), seed=_worker_seed(recipe.seed, index))
         dataset = file_ds.interleave(
             recipe.reader,
-            cycle_length=max(1, min(len(files), 16)),
+            cycle_length=max(1, min(len(files), MAX_PARALLEL_FILES)),
             num_parallel_calls=autotune,
             deterministic=needs_order,
         )
