@@ -1,0 +1,335 @@
+"""tfdp_utils.compat in-process: probes, apply-once semantics, the off switch, spe=4 training.
+
+Upstream failures with the workarounds off are reproduced in fresh processes
+(test_compat_upstream.py, test_compat_multiworker.py); here the patch state is reset around
+each test that needs it, with :func:`tfdp_utils.compat._undo`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import threading
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tfdp_utils as tdu
+from tfdp_utils import compat
+from tfdp_utils._tf import IS_KERAS3, keras, tf
+from tfdp_utils.compat import keras_19246, keras_20585, tf_72388
+from tfdp_utils.compat._base import keras3_trainer_module
+
+ISSUES = ("keras#20585", "tensorflow#72388", "keras#19246")
+
+
+@pytest.fixture
+def fresh() -> Iterator[None]:
+    """No workaround applied and nothing logged yet; the previous state is restored after."""
+    before = compat.applied()
+    for issue in before:
+        compat._undo(issue)
+    logged = set(compat._LOGGED)
+    compat._LOGGED.clear()
+    yield
+    for issue in compat.applied():
+        compat._undo(issue)
+    compat._LOGGED.clear()
+    compat._LOGGED.update(logged)
+    if before:
+        compat.apply(before)
+
+
+@pytest.fixture(scope="module")
+def two_cpus() -> Any:
+    return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+
+# ------------------------------------------------------------------ probes (no Keras needed)
+
+
+class _FakeStrategy:
+    def __init__(self) -> None:
+        self.reduced: list[Any] = []
+
+    def reduce(self, op: Any, value: Any, axis: Any) -> Any:
+        self.reduced.append(value)
+        return value
+
+    def scope(self) -> Any:
+        import contextlib
+
+        return contextlib.nullcontext()
+
+
+class _UpstreamTrainer:
+    """Keras 3.15.1's logic for the first batch: one reduce of the whole nest."""
+
+    def _maybe_symbolic_build(self: Any, iterator: Any = None, data_batch: Any = None) -> None:
+        for _, _, it in iterator:
+            batch = next(it)
+            data_batch = self.distribute_strategy.reduce("MEAN", batch, axis=None)
+            break
+        self._symbolic_build(data_batch=data_batch)
+
+
+class _FixedTrainer:
+    """A fixed Keras: one reduce per tensor, which MultiWorkerMirroredStrategy supports."""
+
+    def _maybe_symbolic_build(self: Any, iterator: Any = None, data_batch: Any = None) -> None:
+        for _, _, it in iterator:
+            batch = next(it)
+            data_batch = tf.nest.map_structure(
+                lambda v: self.distribute_strategy.reduce("MEAN", v, axis=None), batch
+            )
+            break
+        self._symbolic_build(data_batch=data_batch)
+
+
+def test_20585_probe_tells_fixed_from_buggy_code() -> None:
+    buggy = types.SimpleNamespace(TensorFlowTrainer=_UpstreamTrainer)
+    fixed = types.SimpleNamespace(TensorFlowTrainer=_FixedTrainer)
+    assert keras_20585.probe(buggy) is True
+    assert keras_20585.probe(fixed) is False
+    assert keras_20585.probe(types.SimpleNamespace()) is False  # code path gone
+
+
+def _upstream_reduce(values: Any, strategy: Any, reduction: Any) -> Any:
+    """Keras 3.15.1's multi-worker branch of reduce_per_replica."""
+    if strategy.extended._in_multi_worker_mode():
+        if reduction == "sum":
+            return tf.nest.map_structure(lambda v: strategy.reduce("SUM", v), values)
+        return tf.nest.map_structure(lambda v: strategy.reduce("MEAN", v, axis=0), values)
+    return values
+
+
+def _fixed_reduce(values: Any, strategy: Any, reduction: Any) -> Any:
+    op = "SUM" if reduction == "sum" else "MEAN"
+    return tf.nest.map_structure(lambda v: strategy.reduce(op, v, axis=None), values)
+
+
+def test_72388_probe_tells_fixed_from_buggy_code() -> None:
+    assert tf_72388.probe(types.SimpleNamespace(reduce_per_replica=_upstream_reduce)) is True
+    assert tf_72388.probe(types.SimpleNamespace(reduce_per_replica=_fixed_reduce)) is False
+
+
+BUGGY_LOOP = """
+def _make_function(self, step_function):
+    def one_step_on_data(data):
+        return self.distribute_strategy.run(step_function, args=(data,))
+
+    def loop(iterator, optional):
+        def has_next():
+            return one_step_on_data(optional.get_value())
+
+        return tf.cond(optional.has_value(), has_next, lambda: None)
+"""
+
+LAMBDA_LOOP = """
+def f(self, strategy, step):
+    return tf.cond(pred, lambda: strategy.run(step), lambda: None)
+"""
+
+
+def test_19246_probe_reads_the_construct() -> None:
+    assert keras_19246.step_inside_cond(BUGGY_LOOP) is True
+    assert keras_19246.step_inside_cond(LAMBDA_LOOP) is True
+    # The workaround's own loop keeps the step out of tf.cond.
+    fixed = inspect.getsource(keras_19246._make_function_factory)
+    assert keras_19246.step_inside_cond(fixed) is False
+
+
+def test_bad_arguments_say_what_exists() -> None:
+    with pytest.raises(ValueError, match=r"keras#19246"):
+        compat.apply(["keras#1"])
+    with pytest.raises(TypeError, match=r"\['keras#19246'\]"):
+        compat.apply("keras#19246")
+
+
+@pytest.mark.keras
+def test_needed_for(two_cpus: Any) -> None:
+    assert compat.needed_for(two_cpus) == ("keras#19246",)
+    assert compat.needed_for(tf.distribute.MirroredStrategy(["/cpu:0"])) == ()
+    assert compat.needed_for(tf.distribute.OneDeviceStrategy("/cpu:0")) == ()
+    assert compat.needed_for(tf.distribute.get_strategy()) == ()
+
+
+# --------------------------------------------------------------------- apply / applied / off
+
+
+def _patched_attributes() -> dict[str, Any]:
+    """Every attribute of Keras' Model classes (and the TF trainer module) carrying our mark."""
+    found: dict[str, Any] = {}
+    owners: list[Any] = list(keras.Model.__mro__)
+    trainer = keras3_trainer_module()
+    if trainer is not None:
+        owners.append(trainer)
+    for owner in owners:
+        for name, value in vars(owner).items():
+            if getattr(value, "_tfdp_workaround", None):
+                found[f"{getattr(owner, '__name__', owner)}.{name}"] = value
+    return found
+
+
+@pytest.mark.keras
+def test_apply_once_logged_once_from_many_threads(
+    fresh: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="tfdp_utils")
+    present = [s.issue for s in compat.status() if s.bug_present]
+    results: list[tuple[str, ...]] = []
+    threads = [threading.Thread(target=lambda: results.append(compat.apply())) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    results.append(compat.apply())
+    assert all(result == tuple(present) for result in results)
+    assert compat.applied() == tuple(present)
+    for issue in present:
+        messages = [r.getMessage() for r in caplog.records if issue in r.getMessage()]
+        assert len(messages) == 1, messages
+        assert "TFDP_NO_KERAS_PATCHES=1" in messages[0]
+    # Each patch wraps Keras' own code, never a previous patch.
+    patches = [p for _, entries in compat._APPLIED.values() for p in entries]
+    assert all(not hasattr(p.original, "_tfdp_workaround") for p in patches)
+    assert len(_patched_attributes()) == len(patches)
+    status = {s.issue: s.applied for s in compat.status()}
+    assert status == {i: ("fix" if i in present else None) for i in ISSUES}
+
+
+@pytest.mark.keras
+def test_off_switch_applies_nothing(
+    fresh: None, two_cpus: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="tfdp_utils")
+    monkeypatch.setenv("TFDP_NO_KERAS_PATCHES", "1")
+    assert compat.disabled()
+    assert compat.apply() == ()
+    assert compat.apply_for_strategy(two_cpus) == ()
+    assert _patched_attributes() == {}
+    if any(s.bug_present for s in compat.status()):
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1 and "TFDP_NO_KERAS_PATCHES=1" in warnings[0]
+
+
+@pytest.mark.keras
+def test_only_keras3_tensorflow_trainer_is_patched(fresh: None) -> None:
+    compat.apply()
+    patched = _patched_attributes()
+    if not IS_KERAS3:
+        assert compat.applied() == () and patched == {}
+        assert all(not s.bug_present for s in compat.status())
+        return
+    trainer = keras3_trainer_module()
+    assert trainer is not None
+    for patch in (p for _, entries in compat._APPLIED.values() for p in entries):
+        assert patch.owner in (trainer, trainer.TensorFlowTrainer)
+
+
+@pytest.mark.keras
+def test_auto_strategy_applies_what_its_strategy_needs(fresh: None) -> None:
+    strategy = tdu.auto_strategy("mirrored", devices=["/cpu:0", "/cpu:1"])
+    present = {s.issue for s in compat.status() if s.bug_present}
+    # MirroredStrategy needs keras#19246 only; the multi-worker fixes stay out.
+    assert compat.applied() == (("keras#19246",) if "keras#19246" in present else ())
+    assert strategy.num_replicas_in_sync == 2
+
+
+# ------------------------------------------------------------- steps_per_execution on 2 CPUs
+
+
+def _train(strategy: Any, steps_per_execution: int, batches: int) -> dict[str, Any]:
+    rng = np.random.RandomState(0)
+    x = rng.rand(batches * 8, 3).astype("float32")
+    y = (x @ np.array([[1.0], [-2.0], [0.5]], "float32") + 0.25).astype("float32")
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    assert int(data.cardinality()) == batches
+    init = [rng.randn(3, 1).astype("float32"), np.zeros((1,), "float32")]
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile(
+            optimizer=keras.optimizers.SGD(0.05),
+            loss="mse",
+            metrics=["mae"],
+            steps_per_execution=steps_per_execution,
+        )
+    model.set_weights(init)
+    history = model.fit(data, epochs=2, verbose=0)
+    return {
+        "init": init,
+        "iterations": int(model.optimizer.iterations.numpy()),
+        "weights": model.get_weights(),
+        "history": history.history,
+        "evaluate": model.evaluate(data, verbose=0),
+        "predict": model.predict(x, batch_size=8, verbose=0),
+    }
+
+
+@pytest.mark.keras
+@pytest.mark.parametrize("batches", [16, 18])
+def test_steps_per_execution_4_matches_1(two_cpus: Any, batches: int) -> None:
+    """Every batch is one optimizer step, and the result is that of steps_per_execution=1.
+
+    18 batches end each epoch on a short execution of 2 steps.
+    """
+    applied = compat.apply_for_strategy(two_cpus)
+    if any(s.issue == "keras#19246" and s.bug_present for s in compat.status()):
+        assert "keras#19246" in applied
+    reference = _train(two_cpus, 1, batches)
+    grouped = _train(two_cpus, 4, batches)
+    assert reference["iterations"] == grouped["iterations"] == 2 * batches
+    for ours, theirs in zip(grouped["weights"], reference["weights"], strict=True):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-6)
+    for name in ("loss", "mae"):
+        np.testing.assert_allclose(grouped["history"][name], reference["history"][name], rtol=1e-6)
+    np.testing.assert_allclose(grouped["evaluate"], reference["evaluate"], rtol=1e-6)
+    np.testing.assert_allclose(grouped["predict"], reference["predict"], rtol=1e-6, atol=1e-6)
+    assert not np.allclose(reference["weights"][0], reference["init"][0])  # it did train
+
+
+# ------------------------------------------------------------------------------- the guard
+
+
+class _Steps(keras.callbacks.Callback):  # type: ignore[misc]
+    def __init__(self) -> None:
+        super().__init__()
+        self.begun = 0
+
+    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        self.begun += 1
+
+
+@pytest.mark.keras
+@pytest.mark.skipif(not IS_KERAS3, reason="the guard patches Keras 3's trainer only")
+def test_guard_fails_before_the_first_step(fresh: None, two_cpus: Any) -> None:
+    trainer = keras3_trainer_module()
+    assert trainer is not None
+    mode, patches = keras_19246.install_guard(trainer)
+    assert mode == "guard"
+    try:
+        data = tf.data.Dataset.from_tensor_slices((np.ones((64, 3)), np.ones((64, 1)))).batch(8)
+        with two_cpus.scope():
+            model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+            model.compile(optimizer="sgd", loss="mse", steps_per_execution=4)
+        steps = _Steps()
+        with pytest.raises(compat.KerasCompatError) as raised:
+            model.fit(data, verbose=0, callbacks=[steps])
+        message = str(raised.value)
+        for needed in ("keras#19246", "steps_per_execution=1", "tf_keras", "MirroredStrategy"):
+            assert needed in message
+        assert steps.begun == 0 and int(model.optimizer.iterations.numpy()) == 0
+        with pytest.raises(compat.KerasCompatError, match="keras#19246"):
+            model.evaluate(data, verbose=0)
+        # Models the bug does not affect train as usual under the guard.
+        with two_cpus.scope():
+            plain = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+            plain.compile(optimizer="sgd", loss="mse", steps_per_execution=1)
+        plain.fit(data, verbose=0)
+        assert int(plain.optimizer.iterations.numpy()) == 8
+    finally:
+        for patch in reversed(patches):
+            patch.undo()
