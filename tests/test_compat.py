@@ -26,6 +26,12 @@ from tfdp_utils.compat._base import keras3_trainer_module
 ISSUES = ("keras#20585", "tensorflow#72388", "keras#19246")
 
 
+@pytest.fixture(autouse=True)
+def patches_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests decide themselves when the off switch is set."""
+    monkeypatch.delenv("TFDP_NO_KERAS_PATCHES", raising=False)
+
+
 @pytest.fixture
 def fresh() -> Iterator[None]:
     """No workaround applied and nothing logged yet; the previous state is restored after."""
