@@ -54,6 +54,26 @@ def _even_split(global_batch_size: int, replicas: int) -> tuple[int, ...]:
     return tuple(base + (1 if i < extra else 0) for i in range(replicas))
 
 
+def _examples_in_epoch_range(info: DatasetInfo, first: int, last: int) -> tuple[int, ...]:
+    """Per-replica examples in the steps at positions ``first .. last - 1`` of one epoch.
+
+    Positions past the dataset's epoch count nothing: Keras 3 can run one more (empty) step
+    than the epoch has batches before the iterator reports its end.
+    """
+    replicas = info.num_replicas_in_sync
+    if last <= first:
+        return (0,) * replicas
+    if info.full_steps is None or info.repeat:
+        return (info.per_replica_batch_size * (last - first),) * replicas
+    full = max(0, min(last, info.full_steps) - max(first, 0))
+    totals = [info.per_replica_batch_size * full] * replicas
+    end = min(last, info.full_steps + len(info.tail))
+    for position in range(max(first, info.full_steps), end):
+        for i, value in enumerate(info.tail[position - info.full_steps]):
+            totals[i] += value
+    return tuple(totals)
+
+
 def _is_multi_worker(strategy: Any) -> bool:
     probe = getattr(strategy.extended, "_in_multi_worker_mode", None)
     return bool(probe()) if callable(probe) else False
@@ -315,8 +335,10 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
             return
         with self._lock:
             # Keras has just synced the epoch's logs; one more read here costs nothing and
-            # keeps the next epoch's host-side step estimate exact.
-            self._epoch_base = self._read_step()
+            # keeps the next epoch's host-side step estimate and example positions exact.
+            step = self._read_step()
+            self._count_to(step)
+            self._epoch_base = step
             for writer in self._writers.values():
                 writer.flush()
 
@@ -363,7 +385,10 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         first = self._counted_step - self._origin
         last = step - self._origin
         if self._info is not None:
-            added = self._info.examples_in_steps(first, last)
+            # Epochs as fit ran them (not the dataset's steps_per_epoch): positions count
+            # from the step at which this epoch began.
+            start = self._epoch_base - self._origin
+            added = _examples_in_epoch_range(self._info, first - start, last - start)
         else:
             assert self.global_batch_size is not None
             per_step = _even_split(self.global_batch_size, self._num_replicas)
