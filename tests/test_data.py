@@ -427,6 +427,8 @@ def test_bad_sources(tmp_path: Path) -> None:
         build(tf.data.Dataset.range(10).batch(2).prefetch(1))
     with pytest.raises(ValueError, match="already batched"):
         build(tf.data.Dataset.range(10).padded_batch(2))
+    with pytest.raises(ValueError, match="already batched"):
+        build(tf.data.Dataset.range(10).batch(2).map(lambda b: b * 2))
     with pytest.raises(ValueError, match="tuple of 2 components"):
         build(tf.data.Dataset.from_tensor_slices((np.arange(4), np.arange(4))), map_fn=lambda x: x)
     with pytest.raises(ValueError, match="different lengths"):
@@ -440,6 +442,17 @@ def test_bad_sources(tmp_path: Path) -> None:
         build(paths, reader=lambda p: [p])
     with pytest.raises(ValueError, match="listed more than once"):
         build(paths + paths)
+
+
+def test_unbatch_and_reducing_map_are_not_mistaken_for_batches() -> None:
+    strategy = _mirrored(2)
+    for source, expected in (
+        (tf.data.Dataset.range(12).batch(3).unbatch().prefetch(2), list(range(12))),
+        (tf.data.Dataset.range(12).batch(3).map(tf.reduce_sum), [3, 12, 21, 30]),
+    ):
+        dist = build_distributed_dataset(source, strategy=strategy, global_batch_size=2)
+        _, ids = _run_epoch(dist, strategy, key="")
+        assert sorted(i for r in ids for i in r) == expected
 
 
 def test_batched_function_source_is_refused_before_training() -> None:

@@ -38,6 +38,8 @@ def _cases(num_workers: int) -> dict[str, dict[str, Any]]:
         "input_fn": {"n": 29},
         "partial_last_batch": {"n": 4 * num_workers * 3 + 1},
         "data_on_files": {"sizes": (5, 9, 13, 4)},
+        "dataset_reads_files": {"sizes": (8, 3, 11, 6, 2, 9)},
+        "hint": {"n": 21},
     }
 
 
@@ -81,6 +83,15 @@ def source(name, case):
     if name == "data_on_files":
         return dict(source=files(name), reader=tf.data.TextLineDataset, map_fn=parse_text,
                     shard_policy="data", shuffle_buffer_size=5, seed=7)
+    if name == "dataset_reads_files":
+        pattern = os.path.join(data_dir, name, "*.txt")
+        names = tf.data.Dataset.list_files(pattern, shuffle=False)
+        reads = names.interleave(tf.data.TextLineDataset, cycle_length=2).map(parse_text)
+        return dict(source=reads, shard_policy="file")
+    if name == "hint":
+        hint = tf.data.experimental.SHARD_HINT
+        return dict(source=tf.data.Dataset.range(n).shard(hint, hint).map(lambda i: {"id": i}),
+                    shard_policy="hint")
     if name == "generator":
         def gen():
             for i in range(n):
@@ -169,34 +180,39 @@ def _launch(
     }
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     procs = []
+    logs = [(tmp_path / f"worker-{i}.out").open("w") for i in range(num_workers)]
     for index in range(num_workers):
         tf_config = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}
         procs.append(
             subprocess.Popen(
                 [sys.executable, "-c", textwrap.dedent(WORKER), str(tmp_path), json.dumps(spec)],
                 env={**env, "TF_CONFIG": json.dumps(tf_config)},
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
+                # Files, not pipes: a full pipe would block a worker while we poll.
+                stdout=logs[index],
+                stderr=subprocess.STDOUT,
                 cwd=str(REPO),
             )
         )
     deadline = time.monotonic() + 420
-    outputs: list[tuple[str, str]] = []
     try:
-        for proc in procs:
-            remaining = max(1.0, deadline - time.monotonic())
-            outputs.append(proc.communicate(timeout=remaining))
+        # Poll all workers: if one fails, the others would wait on it in a collective.
+        while any(p.poll() is None for p in procs):
+            if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p in procs):
+                break
+            time.sleep(0.2)
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
-                proc.communicate()
+        for proc, log in zip(procs, logs, strict=True):
+            proc.wait()
+            log.close()
+    outputs = [(tmp_path / f"worker-{i}.out").read_text() for i in range(num_workers)]
     results = []
-    for index, (proc, (stdout, stderr)) in enumerate(zip(procs, outputs, strict=True)):
-        lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
+    for index, (proc, output) in enumerate(zip(procs, outputs, strict=True)):
+        lines = [line for line in output.splitlines() if line.startswith("RESULT ")]
         assert proc.returncode == 0 and lines, (
-            f"worker {index} exited with {proc.returncode}:\n{stdout[-3000:]}\n{stderr[-6000:]}"
+            f"worker {index} exited with {proc.returncode}:\n{output[-8000:]}"
         )
         results.append(json.loads(lines[-1][len("RESULT ") :]))
     return cases, results
@@ -270,6 +286,8 @@ def test_policies_chosen(cluster_run: Any) -> None:
         "input_fn": "off",
         "partial_last_batch": "data",
         "data_on_files": "data",
+        "dataset_reads_files": "file",
+        "hint": "hint",
     }
     # FILE: each worker reads a disjoint set of files that together are all of them.
     for name in ("files_equal", "files_uneven"):

@@ -81,6 +81,7 @@ _PASSTHROUGH_CLASSES = frozenset(
         "_ParallelFilterDataset",
     }
 )
+_MAP_CLASSES = frozenset({"_MapDataset", "_ParallelMapDataset"})
 _BATCH_CLASSES = frozenset(
     {
         "BatchDataset",
@@ -490,7 +491,12 @@ def _batched_by(dataset: Any) -> str | None:
         name = type(node).__name__
         if name in _BATCH_CLASSES:
             return name
-        if name not in _PASSTHROUGH_CLASSES:
+        if name in _MAP_CLASSES:
+            # A map of a batch usually stays a batch, unless it reduces to scalars.
+            specs = _tf().nest.flatten(node.element_spec)
+            if not all(getattr(spec.shape, "rank", 0) for spec in specs):
+                return None
+        elif name not in _PASSTHROUGH_CLASSES:
             return None
         node = getattr(node, "_input_dataset", None)
         if node is None:
