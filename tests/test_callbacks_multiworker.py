@@ -1,0 +1,205 @@
+"""ThroughputLogger in real multi-process runs: two localhost workers, and a real TensorBoard."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import REPO, free_port
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+pytestmark = [pytest.mark.slow, pytest.mark.keras]
+
+WORKER = """
+import json, os, sys
+import numpy as np
+import tensorflow as tf
+from tfdp_utils._tf import keras
+from tfdp_utils.callbacks import ThroughputLogger
+
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+x = np.random.default_rng(0).normal(size=(4096, 8)).astype("float32")
+options = tf.data.Options()
+options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+ds = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).repeat().batch(16).with_options(options)
+with strategy.scope():
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+logger = ThroughputLogger(sys.argv[1], global_batch_size=16, log_every_n_steps=20, warmup_steps=5)
+model.fit(ds, epochs=2, steps_per_epoch=60, verbose=0, callbacks=[logger])
+print("SUMMARY " + json.dumps({"pid": os.getpid(), **logger.summary()}), flush=True)
+"""
+
+
+def run_workers(log_dir: Path, timeout: float = 240) -> list[dict[str, Any]]:
+    ports = [free_port(), free_port()]
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    procs = []
+    for index in range(2):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+        env.update(
+            TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}}),
+            TF_USE_LEGACY_KERAS="1",  # keras#20585: Keras 3 fit fails under MWMS
+            TF_CPP_MIN_LOG_LEVEL="2",
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", textwrap.dedent(WORKER), str(log_dir)],
+                env=env,
+                cwd=str(REPO),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    deadline = time.monotonic() + timeout
+    outputs = []
+    try:
+        for proc in procs:
+            out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            outputs.append(out)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    summaries = []
+    for proc, out in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, out[-4000:]
+        line = next(x for x in out.splitlines() if x.startswith("SUMMARY "))
+        summaries.append(json.loads(line[len("SUMMARY ") :]))
+    return summaries
+
+
+def event_pids(run_dir: Path) -> set[int]:
+    # events.out.tfevents.<time>.<host>.<pid>.<n>.v2
+    return {int(p.name.split(".")[-3]) for p in run_dir.glob("events.out.tfevents.*")}
+
+
+def test_two_workers_chief_writes_global_each_worker_its_own_runs(tmp_path: Path) -> None:
+    summaries = run_workers(tmp_path)
+    chief, other = summaries
+    assert chief["is_chief"] and not other["is_chief"]
+    assert chief["num_workers"] == other["num_workers"] == 2
+    assert {p.name for p in tmp_path.iterdir()} == {
+        "global",
+        "worker_0",
+        "worker_1",
+        "replica_0",
+        "replica_1",
+    }
+    # global: one events file, written by the chief only.
+    assert len(list((tmp_path / "global").glob("events.out.tfevents.*"))) == 1
+    assert event_pids(tmp_path / "global") == {chief["pid"]}
+    for w, summary in enumerate(summaries):
+        assert event_pids(tmp_path / f"worker_{w}") == {summary["pid"]}
+        assert event_pids(tmp_path / f"replica_{w}") == {summary["pid"]}
+        assert summary["local_replicas"] == [w]
+        assert summary["examples"] == 2 * 60 * 16
+    acc = EventAccumulator(str(tmp_path / "global"), size_guidance={"tensors": 0})
+    acc.Reload()
+    tags = set(acc.Tags()["tensors"])
+    assert {
+        "throughput/worker_steps_per_sec_min",
+        "throughput/worker_steps_per_sec_max",
+        "throughput/worker_skew",
+    } <= tags
+    lows = [e.step for e in acc.Tensors("throughput/worker_steps_per_sec_min")]
+    assert lows == [e.step for e in acc.Tensors("throughput/steps_per_sec")]
+    spread = chief["worker_steps_per_sec"]
+    assert 0 < spread["min"] <= spread["max"] and 0 <= spread["skew"] < 1
+    # Both workers' rates went into the spread: the chief's own rate lies within it.
+    assert spread["min"] <= chief["last_window"]["steps_per_sec"] <= spread["max"]
+
+
+def _get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.loads(response.read().decode())
+
+
+def test_a_real_tensorboard_lists_the_runs_and_serves_the_tags(tmp_path: Path) -> None:
+    code = f"""
+    import numpy as np
+    import tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()]
+    )
+    from tfdp_utils._tf import keras
+    from tfdp_utils.callbacks import ThroughputLogger
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    x = np.zeros((640, 4), "float32")
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+    logger = ThroughputLogger({str(tmp_path)!r}, global_batch_size=8, log_every_n_steps=10)
+    model.fit(x, x[:, :1], batch_size=8, epochs=1, verbose=0, callbacks=[logger])
+    """
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=str(REPO),
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    port = free_port()
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tensorboard.main",
+            "--logdir",
+            str(tmp_path),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 90
+        runs: list[str] = []
+        while time.monotonic() < deadline:
+            assert server.poll() is None, "tensorboard exited"
+            try:
+                runs = _get(f"{base}/data/runs")
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                runs = []
+            if {"global", "replica_0", "replica_1"} <= set(runs):
+                break
+            time.sleep(1)
+        assert {"global", "replica_0", "replica_1"} <= set(runs), runs
+        tags = _get(f"{base}/data/plugin/scalars/tags")
+        assert {
+            "throughput/examples_per_sec",
+            "throughput/steps_per_sec",
+            "throughput/examples",
+        } <= set(tags["global"])
+        assert {"throughput/examples_per_sec", "throughput/examples"} <= set(tags["replica_0"])
+        series = _get(
+            f"{base}/data/plugin/scalars/scalars?run=global&tag=throughput/examples_per_sec"
+        )
+        assert len(series) >= 3 and all(point[2] > 0 for point in series)
+        layout = _get(f"{base}/data/plugin/custom_scalars/layout")
+        assert [c["title"] for c in layout["category"]] == ["throughput", "memory"]
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
