@@ -526,7 +526,7 @@ class _Facts:
     has_reader: bool = False
 
 
-def _gather(source: Any, *, count: bool) -> _Facts:
+def _gather(source: Any, *, shard_policy: str) -> _Facts:
     kind = _source_kind(source)
     if kind == "files":
         files = resolve_files(source)
@@ -534,8 +534,9 @@ def _gather(source: Any, *, count: bool) -> _Facts:
     if kind == "dataset":
         return _Facts(
             kind,
-            num_examples=_cardinality(source) if count else None,
-            has_reader=_reads_files(source),
+            num_examples=_cardinality(source),
+            # Serialising the graph copies any constants in it, so only look when it matters.
+            has_reader=check_policy(shard_policy) == "file" and _reads_files(source),
         )
     if kind == "arrays":
         return _Facts(kind, num_examples=_array_length(source))
@@ -650,7 +651,7 @@ def plan_sharding(
     if global_batch_size is not None or per_replica_batch_size is not None:
         per_replica, _ = _batch_sizes(global_batch_size, per_replica_batch_size, replicas, strategy)
     check_policy(shard_policy)
-    facts = _gather(source, count=True)
+    facts = _gather(source, shard_policy=shard_policy)
     return _plan(
         facts,
         shard_policy=shard_policy,
@@ -982,7 +983,7 @@ def build_distributed_dataset(
     elif kind == "dataset":
         _check_unbatched(source, "source")
     facts = (
-        _gather(source, count=True)
+        _gather(source, shard_policy=shard_policy)
         if kind != "arrays"
         else _Facts("arrays", num_examples=_cardinality(source))
     )
@@ -1021,6 +1022,11 @@ def build_distributed_dataset(
             seed,
         )
     infinite = facts.num_examples == -1
+    if facts.num_examples == 0:
+        logger.warning(
+            "tfdp_utils: the source holds no examples, so every epoch is empty and training "
+            "does nothing. Check the source (a filter that drops everything, an empty file)."
+        )
     if infinite and not repeat:
         logger.warning(
             "tfdp_utils: the source is infinite, so an epoch never ends; pass steps_per_epoch "
