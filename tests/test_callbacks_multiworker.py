@@ -27,6 +27,10 @@ from tfdp_utils._tf import keras
 from tfdp_utils.callbacks import ThroughputLogger
 
 strategy = tf.distribute.MultiWorkerMirroredStrategy()
+if os.environ.get("APPLY_COMPAT"):
+    import tfdp_utils.compat
+
+    tfdp_utils.compat.apply_for_strategy(strategy)
 x = np.random.default_rng(0).normal(size=(4096, 8)).astype("float32")
 options = tf.data.Options()
 options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
@@ -40,7 +44,7 @@ print("SUMMARY " + json.dumps({"pid": os.getpid(), **logger.summary()}), flush=T
 """
 
 
-def run_workers(log_dir: Path, timeout: float = 240) -> list[dict[str, Any]]:
+def run_workers(log_dir: Path, flavour: str, timeout: float = 240) -> list[dict[str, Any]]:
     ports = [free_port(), free_port()]
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     procs = []
@@ -48,9 +52,14 @@ def run_workers(log_dir: Path, timeout: float = 240) -> list[dict[str, Any]]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
         env.update(
             TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}}),
-            TF_USE_LEGACY_KERAS="1",  # keras#20585: Keras 3 fit fails under MWMS
             TF_CPP_MIN_LOG_LEVEL="2",
         )
+        if flavour == "tf_keras":
+            env["TF_USE_LEGACY_KERAS"] = "1"
+        else:
+            # keras#20585: Keras 3 fit under MWMS needs tfdp_utils.compat's workaround.
+            env.pop("TF_USE_LEGACY_KERAS", None)
+            env["APPLY_COMPAT"] = "1"
         procs.append(
             subprocess.Popen(
                 [sys.executable, "-c", textwrap.dedent(WORKER), str(log_dir)],
@@ -85,8 +94,11 @@ def event_pids(run_dir: Path) -> set[int]:
     return {int(p.name.split(".")[-3]) for p in run_dir.glob("events.out.tfevents.*")}
 
 
-def test_two_workers_chief_writes_global_each_worker_its_own_runs(tmp_path: Path) -> None:
-    summaries = run_workers(tmp_path)
+@pytest.mark.parametrize("flavour", ["tf_keras", "keras3_with_compat"])
+def test_two_workers_chief_writes_global_each_worker_its_own_runs(
+    tmp_path: Path, flavour: str
+) -> None:
+    summaries = run_workers(tmp_path, flavour)
     chief, other = summaries
     assert chief["is_chief"] and not other["is_chief"]
     assert chief["num_workers"] == other["num_workers"] == 2
