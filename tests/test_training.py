@@ -31,12 +31,12 @@ def _strategy(replicas: int):
     return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])
 
 
-def _data(weighted: bool = False):
+def _data(weighted: bool = False, num_examples: int = NUM_EXAMPLES):
     rng = np.random.default_rng(7)
-    x = rng.normal(size=(NUM_EXAMPLES, 5)).astype("float32")
-    y = rng.integers(0, 3, size=NUM_EXAMPLES).astype("int64")
+    x = rng.normal(size=(num_examples, 5)).astype("float32")
+    y = rng.integers(0, 3, size=num_examples).astype("int64")
     if weighted:
-        w = rng.uniform(0.1, 2.0, size=NUM_EXAMPLES).astype("float32")
+        w = rng.uniform(0.1, 2.0, size=num_examples).astype("float32")
         return tf.data.Dataset.from_tensor_slices((x, y, w)).batch(GLOBAL_BATCH)
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH)
 
@@ -62,14 +62,16 @@ def _optimizer():
     return keras.optimizers.SGD(learning_rate=0.3, momentum=0.9)
 
 
-def _reference(initial_weights, *, epochs=2, weighted=False, divide_by=None):
+def _reference(
+    initial_weights, *, epochs=2, weighted=False, divide_by=None, num_examples=NUM_EXAMPLES
+):
     """One device, no strategy: the loss is the mean over the whole global batch."""
     model = _model()
     model.set_weights(initial_weights)
     optimizer = _optimizer()
     losses, correct, seen = [], 0, 0
     for _ in range(epochs):
-        for batch in _data(weighted):
+        for batch in _data(weighted, num_examples):
             x, y = batch[0], batch[1]
             with tf.GradientTape() as tape:
                 logits = model(x, training=True)
@@ -91,7 +93,9 @@ def _reference(initial_weights, *, epochs=2, weighted=False, divide_by=None):
     return losses, model.get_weights(), correct / seen
 
 
-def _distributed(initial_weights, replicas, *, epochs=2, weighted=False, **step_kwargs):
+def _distributed(
+    initial_weights, replicas, *, epochs=2, weighted=False, num_examples=NUM_EXAMPLES, **step_kwargs
+):
     strategy = _strategy(replicas)
     with strategy.scope():
         model = _model()
@@ -106,7 +110,7 @@ def _distributed(initial_weights, replicas, *, epochs=2, weighted=False, **step_
         metrics=[accuracy],
         **step_kwargs,
     )
-    dataset = strategy.experimental_distribute_dataset(_data(weighted))
+    dataset = strategy.experimental_distribute_dataset(_data(weighted, num_examples))
     losses = [float(step(batch)) for _ in range(epochs) for batch in dataset]
     return losses, model.get_weights(), float(accuracy.result()), int(optimizer.iterations.numpy())
 
@@ -120,6 +124,20 @@ def test_same_losses_weights_and_metrics_as_one_device(initial_weights, replicas
     ref_losses, ref_weights, ref_accuracy = _reference(initial_weights)
     losses, weights, accuracy, iterations = _distributed(initial_weights, replicas)
     assert iterations == len(ref_losses) == 8  # two epochs of 3 full + 1 partial batch
+    np.testing.assert_allclose(losses, ref_losses, atol=TOLERANCE, rtol=0)
+    assert _max_weight_difference(weights, ref_weights) <= TOLERANCE
+    assert accuracy == pytest.approx(ref_accuracy, abs=1e-6)
+
+
+def test_a_replica_with_no_examples_in_the_last_batch(initial_weights):
+    # 3 examples over 4 replicas: one replica receives an empty batch in the last step.
+    num_examples = 2 * GLOBAL_BATCH + 3
+    strategy = _strategy(4)
+    last = list(strategy.experimental_distribute_dataset(_data(num_examples=num_examples)))[-1]
+    sizes = sorted(int(t.shape[0]) for t in strategy.experimental_local_results(last[1]))
+    assert sizes == [0, 1, 1, 1]
+    ref_losses, ref_weights, ref_accuracy = _reference(initial_weights, num_examples=num_examples)
+    losses, weights, accuracy, _ = _distributed(initial_weights, 4, num_examples=num_examples)
     np.testing.assert_allclose(losses, ref_losses, atol=TOLERANCE, rtol=0)
     assert _max_weight_difference(weights, ref_weights) <= TOLERANCE
     assert accuracy == pytest.approx(ref_accuracy, abs=1e-6)
