@@ -450,3 +450,14 @@ def test_builder_dataset_needs_no_batch_size_and_counts_partial_steps(tmp_path: 
     for k in range(2):
         for step, value in read_run(tmp_path / f"replica_{k}")["throughput/examples"]:
             assert value == expected(step, k), (k, step)
+
+
+def test_without_any_strategy(tmp_path: Path) -> None:
+    model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    logger = ThroughputLogger(tmp_path, global_batch_size=BATCH, log_every_n_steps=30)
+    model.fit(make_dataset(), epochs=1, verbose=0, callbacks=[logger])
+    summary = logger.summary()
+    assert summary["num_replicas"] == 1 and summary["local_replicas"] == [0]
+    assert summary["examples"] == 151 * BATCH  # global_batch_size counts the partial step full
+    assert {p.name for p in tmp_path.iterdir()} == {"global", "replica_0"}

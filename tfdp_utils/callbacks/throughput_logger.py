@@ -74,6 +74,17 @@ def _examples_in_epoch_range(info: DatasetInfo, first: int, last: int) -> tuple[
     return tuple(totals)
 
 
+def _local_devices(strategy: Any) -> tuple[str, ...]:
+    """The devices of this worker's replicas, in replica order."""
+    try:
+        return tuple(strategy.extended.worker_devices)
+    except (RuntimeError, AttributeError, NotImplementedError):
+        # The default strategy (no tf.distribute in use) has no worker_devices; its one
+        # replica runs where TensorFlow places ops: the first GPU if there is one.
+        gpus = tf.config.list_logical_devices("GPU")
+        return (gpus[0].name,) if gpus else ("/device:CPU:0",)
+
+
 def _is_multi_worker(strategy: Any) -> bool:
     probe = getattr(strategy.extended, "_in_multi_worker_mode", None)
     return bool(probe()) if callable(probe) else False
@@ -252,6 +263,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         self._excluded = 0.0
         self._paused_at: float | None = None
         self._strategy: Any = None
+        self._devices: tuple[str, ...] = ()
         self._num_replicas = 1
         self._num_workers = 1
         self._worker = 0
@@ -278,7 +290,8 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         self._strategy = strategy
         self._num_replicas = int(strategy.num_replicas_in_sync)
         self._multi_worker = _is_multi_worker(strategy)
-        local = max(1, len(getattr(strategy.extended, "worker_devices", ()) or ()))
+        self._devices = _local_devices(strategy)
+        local = max(1, len(self._devices))
         if self._multi_worker:
             self._worker, self._num_workers, self._is_chief = self._worker_position(strategy)
         first = self._worker * local
@@ -286,7 +299,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         self._resolve_counts(at_train_begin=True)
         self._open_writers()
         if self.memory and self.per_replica:
-            self._memory_devices = self._probe_memory(strategy)
+            self._memory_devices = self._probe_memory(self._devices)
         self._origin = self._read_step()
         self._epoch_base = self._origin
         self._counted_step = self._origin
@@ -465,8 +478,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         per_worker = len(gathered) // max(1, self._num_workers)
         return [float(gathered[w * per_worker]) for w in range(self._num_workers)]
 
-    def _probe_memory(self, strategy: Any) -> dict[int, str]:
-        devices = tuple(getattr(strategy.extended, "worker_devices", ()) or ())
+    def _probe_memory(self, devices: tuple[str, ...]) -> dict[int, str]:
         found: dict[int, str] = {}
         for replica, device in zip(self._local_replicas, devices, strict=False):
             name = device.rsplit("device:", 1)[-1]
