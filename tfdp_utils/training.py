@@ -71,8 +71,8 @@ def _check_in_scope(strategy: Any, variables: Sequence[Any], what: str) -> None:
     if outside:
         raise ValueError(
             f"{what} has variables that were not created under the scope of the strategy the "
-            f"step runs on ({type(strategy).__name__}), e.g. {', '.join(outside[:3])}. Each "
-            f"replica would then update its own copy. Create the {what.split()[0]} under "
+            f"step runs on ({type(strategy).__name__}), e.g. {', '.join(outside[:3])}, so they are "
+            f"not kept in sync across its replicas. Create the {what.split()[0]} under "
             "`with strategy.scope():` (or pass strategy= the strategy it was created under)."
         )
 
