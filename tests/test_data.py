@@ -263,19 +263,74 @@ def test_generator_and_cache_and_map(tmp_path: Path) -> None:
         assert sorted(i for r in ids for i in r) == [i * 10 for i in range(11)]
 
 
-def test_repeat_marks_the_info_and_never_ends() -> None:
+def test_repeat_of_unknown_size_repeats_examples() -> None:
+    strategy = _mirrored(2)
+    source = tf.data.Dataset.range(5).filter(lambda i: True)  # cardinality unknown
+    dist = build_distributed_dataset(source, strategy=strategy, global_batch_size=4, repeat=True)
+    iterator = iter(dist)
+    got: Counter[int] = Counter()
+    for _ in range(5):  # 5 full steps of 4 = 20 examples = 4 passes over 5
+        values = strategy.experimental_local_results(next(iterator))
+        assert [int(v.shape[0]) for v in values] == [2, 2]
+        for value in values:
+            got.update(value.numpy().tolist())
+    assert got == Counter({i: 4 for i in range(5)})
+    info = dist.tfdp_info
+    assert info.repeat and info.steps_per_epoch is None and info.examples_per_epoch is None
+
+
+def test_repeat_true_keeps_every_step_full() -> None:
     strategy = _mirrored(2)
     dist = build_distributed_dataset(
         np.arange(5), strategy=strategy, global_batch_size=4, repeat=True
     )
     iterator = iter(dist)
-    got = Counter()
-    for _ in range(5):  # 5 steps of 4 = 20 examples = 4 epochs of 5
-        for value in strategy.experimental_local_results(next(iterator)):
-            got.update(value.numpy().tolist())
-    assert got == Counter({i: 4 for i in range(5)})
+    sizes = [
+        [int(v.shape[0]) for v in strategy.experimental_local_results(next(iterator))]
+        for _ in range(4)
+    ]
+    assert sizes == [[2, 2]] * 4
+    assert dist.tfdp_info.repeat and dist.tfdp_info.steps_per_epoch is None
+    with pytest.raises(ValueError, match="repeat='forever' is not supported"):
+        build_distributed_dataset(
+            np.arange(5), strategy=strategy, global_batch_size=4, repeat="forever"
+        )
+
+
+@pytest.mark.parametrize("drop_remainder", [False, True])
+def test_repeat_of_known_size_repeats_exact_epochs(drop_remainder: bool) -> None:
+    strategy = _mirrored(3)
+    n = 13
+    dist = build_distributed_dataset(
+        {"id": np.arange(n)},
+        strategy=strategy,
+        global_batch_size=6,
+        repeat="epochs",
+        shuffle_buffer_size=13,
+        seed=3,
+        drop_remainder=drop_remainder,
+    )
     info = dist.tfdp_info
-    assert info.repeat and info.steps_per_epoch is None and info.examples_per_epoch == 5
+    steps = info.steps_per_epoch
+    assert info.repeat and steps == (2 if drop_remainder else 3)
+    iterator = iter(dist)
+    epochs = []
+    totals = [0, 0, 0]
+    for _ in range(3):
+        seen: list[int] = []
+        for step in range(steps):
+            values = strategy.experimental_local_results(next(iterator)["id"])
+            counts = [int(v.shape[0]) for v in values]
+            assert tuple(counts) == info.examples_in_step(step)
+            totals = [t + c for t, c in zip(totals, counts, strict=True)]
+            for value in values:
+                seen.extend(value.numpy().tolist())
+        assert len(seen) == len(set(seen)) == info.examples_per_epoch
+        if not drop_remainder:
+            assert sorted(seen) == list(range(n))
+        epochs.append(seen)
+    assert epochs[0] != epochs[1]  # reshuffled each epoch
+    assert list(info.examples_in_steps(0, 3 * steps)) == totals
 
 
 def test_infinite_source_warns(caplog: pytest.LogCaptureFixture) -> None:
@@ -359,9 +414,10 @@ def test_keras_fit_consumes_every_example() -> None:
     n = 13
     x = np.arange(n, dtype="float32").reshape(-1, 1)
     # tf_keras needs steps_per_epoch for a distributed dataset and keeps one iterator for all
-    # epochs, so it trains on a repeated dataset; Keras 3 re-iterates each epoch.
+    # epochs, so it trains on a repeated dataset (exact epochs, as the size is known); Keras 3
+    # re-iterates each epoch.
     dist = build_distributed_dataset(
-        (x, x), strategy=strategy, global_batch_size=4, repeat=not IS_KERAS3
+        (x, x), strategy=strategy, global_batch_size=4, repeat=False if IS_KERAS3 else "epochs"
     )
 
     class Count(keras.callbacks.Callback):
@@ -373,12 +429,11 @@ def test_keras_fit_consumes_every_example() -> None:
     with strategy.scope():
         model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
         model.compile(optimizer="sgd", loss="mse")
-    steps = None if IS_KERAS3 else 4
+    steps = None if IS_KERAS3 else dist.tfdp_info.steps_per_epoch
     history = model.fit(dist, epochs=2, steps_per_epoch=steps, verbose=0, callbacks=[Count()])
     assert len(history.history["loss"]) == 2
     assert Count.batches == 8
-    if IS_KERAS3:
-        assert dist.tfdp_info.steps_per_epoch == 4
+    assert dist.tfdp_info.steps_per_epoch == 4
     assert dataset_info.last_iterated() is dist.tfdp_info
 
 

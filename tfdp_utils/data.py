@@ -749,6 +749,10 @@ class _Recipe:
     prefetch: bool
     data_options: Any
     take_per_worker: int | None
+    # Batches each worker holds per epoch, when known; with repeat, each epoch is padded with
+    # empty batches to the same number of steps on every worker, so epochs stay exact.
+    epoch_batches: tuple[int, ...] | None = None
+    epoch_steps: int | None = None
 
 
 def _per_worker_dataset(recipe: _Recipe, source: Any, context: Any) -> Any:
@@ -802,7 +806,8 @@ def _per_worker_dataset(recipe: _Recipe, source: Any, context: Any) -> Any:
         dataset = dataset.shuffle(
             recipe.shuffle_buffer_size, seed=seed, reshuffle_each_iteration=True
         )
-    if recipe.repeat:
+    aligned = recipe.repeat and recipe.epoch_batches is not None
+    if recipe.repeat and not aligned:
         dataset = dataset.repeat()
     if plan.policy == "data":
         dataset = dataset.shard(workers, index)
@@ -810,9 +815,16 @@ def _per_worker_dataset(recipe: _Recipe, source: Any, context: Any) -> Any:
         dataset = dataset.map(
             recipe.map_fn, num_parallel_calls=autotune, deterministic=needs_order or None
         )
-    if recipe.take_per_worker is not None and not recipe.repeat:
+    if recipe.take_per_worker is not None and (aligned or not recipe.repeat):
         dataset = dataset.take(recipe.take_per_worker)
     dataset = dataset.batch(recipe.per_replica_batch_size, drop_remainder=recipe.drop_remainder)
+    if aligned:
+        assert recipe.epoch_batches is not None and recipe.epoch_steps is not None
+        pad = recipe.epoch_steps * recipe.replicas_per_worker - recipe.epoch_batches[index]
+        if pad > 0:
+            empty = tf.data.Dataset.from_tensors(_empty_batch(dataset.element_spec))
+            dataset = dataset.concatenate(empty.repeat(pad))
+        dataset = dataset.repeat()
     if recipe.prefetch:
         dataset = dataset.prefetch(autotune)
     options = tf.data.Options()
@@ -821,6 +833,22 @@ def _per_worker_dataset(recipe: _Recipe, source: Any, context: Any) -> Any:
     # The builder shards above; say so, so that tf.data neither rewrites nor warns.
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     return dataset.with_options(options)
+
+
+def _dense_only(element_spec: Any) -> bool:
+    tf = _tf()
+    return all(type(spec) is tf.TensorSpec for spec in tf.nest.flatten(element_spec))
+
+
+def _empty_batch(batch_spec: Any) -> Any:
+    """A batch of 0 examples with the structure, dtypes and inner shapes of ``batch_spec``."""
+    tf = _tf()
+
+    def empty(spec: Any) -> Any:
+        inner = [d if d is not None else 0 for d in spec.shape.as_list()[1:]]
+        return tf.zeros([0, *inner], spec.dtype)
+
+    return tf.nest.map_structure(empty, batch_spec)
 
 
 def _worker_seed(seed: int | None, index: int) -> int | None:
@@ -900,7 +928,7 @@ def build_distributed_dataset(
     reader: Callable[[Any], Any] | None = None,
     shuffle_buffer_size: int | None = None,
     seed: int | None = None,
-    repeat: bool = False,
+    repeat: bool | str = False,
     cache: bool | str = False,
     drop_remainder: bool = False,
     prefetch: bool = True,
@@ -934,7 +962,12 @@ def build_distributed_dataset(
             `None`.
         seed: shuffle seed. With DATA sharding every worker must use the same one; None then
             uses :data:`DEFAULT_SHUFFLE_SEED`. Defaults to `None`.
-        repeat: repeat without end (pass ``steps_per_epoch`` to ``fit``). Defaults to `False`.
+        repeat: ``True`` repeats the examples without end, every step full (pass
+            ``steps_per_epoch`` to ``fit``). ``"epochs"`` repeats whole epochs: each worker's
+            epoch is padded with empty batches to the same number of steps, so with
+            ``fit(steps_per_epoch=dist.tfdp_info.steps_per_epoch)`` every epoch sees every
+            example exactly once (needs a known size and dense elements; otherwise it acts
+            as ``True``, logged). Defaults to `False`.
         cache: cache in memory (True) or in files with this prefix. Defaults to `False`.
         drop_remainder: drop the examples that do not fill a step on every replica; the
             number dropped per epoch is logged. Defaults to `False`.
@@ -1087,15 +1120,41 @@ def build_distributed_dataset(
                 per_replica - 1,
             )
 
+    epoch_batches = None
+    if repeat not in (False, True, "epochs"):
+        raise ValueError(
+            f"repeat={repeat!r} is not supported; expected False, True (repeat examples) or "
+            "'epochs' (repeat whole epochs, padded to equal steps)."
+        )
+    if repeat == "epochs" and (layout is None or plan.examples_per_worker is None):
+        logger.info(
+            "tfdp_utils: repeat='epochs' needs the number of examples, which is unknown for "
+            "this source; repeating example by example instead (every step full)."
+        )
+    if repeat == "epochs" and layout is not None and plan.examples_per_worker is not None:
+        # Counts are known only for datasets and arrays, so ``source`` is a dataset here.
+        mapped = source.map(map_fn).element_spec if map_fn is not None else element_spec
+        if mapped is not None and _dense_only(mapped):
+            local_batches = layout.steps * replicas_per_worker
+            epoch_batches = tuple(
+                local_batches if drop_remainder else math.ceil(n / per_replica)
+                for n in plan.examples_per_worker
+            )
+        else:
+            logger.info(
+                "tfdp_utils: repeat='epochs' over sparse or ragged elements repeats example "
+                "by example instead: epochs are not aligned to steps."
+            )
+    exact = layout is not None and (not repeat or epoch_batches is not None)
     info = DatasetInfo(
         global_batch_size=global_size,
         per_replica_batch_size=per_replica,
         num_replicas_in_sync=replicas,
         num_workers=num_workers,
         examples_per_epoch=None if layout is None else layout.examples,
-        steps_per_epoch=None if layout is None or repeat else layout.steps,
-        full_steps=None if layout is None or repeat else layout.full_steps,
-        tail=() if layout is None or repeat else layout.tail,
+        steps_per_epoch=layout.steps if exact and layout is not None else None,
+        full_steps=layout.full_steps if exact and layout is not None else None,
+        tail=layout.tail if exact and layout is not None else (),
         repeat=bool(repeat or infinite),
     )
     recipe = _Recipe(
@@ -1107,12 +1166,14 @@ def build_distributed_dataset(
         reader=reader,
         shuffle_buffer_size=shuffle_buffer_size,
         seed=seed,
-        repeat=repeat,
+        repeat=bool(repeat),
         cache=cache,
         drop_remainder=drop_remainder,
         prefetch=prefetch,
         data_options=data_options,
         take_per_worker=take,
+        epoch_batches=epoch_batches,
+        epoch_steps=layout.steps if epoch_batches is not None and layout is not None else None,
     )
     logger.info("tfdp_utils: %s", plan.describe())
     if kind == "dataset" and plan.policy in ("file", "hint"):

@@ -31,7 +31,11 @@ class DatasetInfo:
         tail: for each step after ``full_steps``, the examples each replica receives, by
             global replica id. Empty when the epoch has no partial step.
         repeat: whether the dataset repeats without end (epochs then come from
-            ``steps_per_epoch`` passed to ``fit``).
+            ``steps_per_epoch`` passed to ``fit``). When ``steps_per_epoch`` and
+            ``full_steps`` are also known, the dataset repeats whole epochs: every
+            ``steps_per_epoch`` steps, counted from the start of iteration, repeat the same
+            layout (the builder pads each worker's epoch with empty batches to keep them
+            aligned). Otherwise every step of a repeating dataset is full.
     """
 
     global_batch_size: int
@@ -67,7 +71,7 @@ class DatasetInfo:
         totals = [0] * self.num_replicas_in_sync
         if last_step <= first_step:
             return tuple(totals)
-        if self.full_steps is None or not self.steps_per_epoch or self.repeat:
+        if self.full_steps is None or not self.steps_per_epoch:
             count = last_step - first_step
             return tuple(self.per_replica_batch_size * count for _ in totals)
         per_epoch = self.steps_per_epoch
