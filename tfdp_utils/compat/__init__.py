@@ -139,7 +139,8 @@ def _apply(selected: list[Workaround], reason: str) -> tuple[str, ...]:
                 _log_once(
                     "disabled",
                     logging.WARNING,
-                    "tfdp_utils: %s=1, so Keras workarounds are off; %s may fail (%s)",
+                    "tfdp_utils: %s=1, so the Keras workarounds asked for by %s are off; "
+                    "expect the upstream failures %s",
                     DISABLE_VARIABLE,
                     reason,
                     ", ".join(needed),
@@ -157,7 +158,7 @@ def _apply(selected: list[Workaround], reason: str) -> tuple[str, ...]:
                 _log_once(
                     workaround.issue,
                     logging.INFO,
-                    "tfdp_utils: Keras %s has %s (%s); applied the workaround for %s. "
+                    "tfdp_utils: Keras %s has %s (%s); workaround applied (needed by %s). "
                     "%s=1 turns it off.",
                     keras_version(),
                     workaround.issue,
@@ -204,7 +205,7 @@ def apply(issues: Iterable[str] | None = None) -> tuple[str, ...]:
         >>> tdu.compat.apply(["keras#19246"])  # doctest: +SKIP
         ('keras#19246',)
     """
-    return _apply(_select(issues), "explicit tdu.compat.apply()")
+    return _apply(_select(issues), "tdu.compat.apply()")
 
 
 def needed_for(strategy: Any) -> tuple[str, ...]:
