@@ -40,6 +40,7 @@ def _cases(num_workers: int) -> dict[str, dict[str, Any]]:
         "data_on_files": {"sizes": (5, 9, 13, 4)},
         "dataset_reads_files": {"sizes": (8, 3, 11, 6, 2, 9)},
         "hint": {"n": 21},
+        "repeat_epochs": {"n": 4 * num_workers * 2 + 3},
     }
 
 
@@ -92,6 +93,8 @@ def source(name, case):
         hint = tf.data.experimental.SHARD_HINT
         return dict(source=tf.data.Dataset.range(n).shard(hint, hint).map(lambda i: {"id": i}),
                     shard_policy="hint")
+    if name == "repeat_epochs":
+        return dict(source={"id": np.arange(n)}, shuffle_buffer_size=n, repeat="epochs")
     if name == "generator":
         def gen():
             for i in range(n):
@@ -118,7 +121,18 @@ for name, case in spec["cases"].items():
     ids = {worker * local + r: [] for r in range(local)}
     per_step = []
     totals = []
-    for batch in dist:
+    epoch2 = []
+    if name == "repeat_epochs":
+        # Two whole epochs from one iterator: the first as the other cases, then the second.
+        steps = dist.tfdp_info.steps_per_epoch
+        iterator = iter(dist)
+        batches = [next(iterator) for _ in range(steps)]
+        for _ in range(steps):
+            for value in strategy.experimental_local_results(next(iterator)["id"]):
+                epoch2.extend(value.numpy().tolist())
+    else:
+        batches = dist
+    for batch in batches:
         values = strategy.experimental_local_results(batch["id"])
         row = []
         for r, value in enumerate(values):
@@ -134,6 +148,7 @@ for name, case in spec["cases"].items():
         "ids": ids,
         "per_step": per_step,
         "totals": totals,
+        "epoch2": epoch2,
         "info_steps": info.steps_per_epoch,
         "info_examples": info.examples_per_epoch,
         "info_rows": None if info.steps_per_epoch is None else [
@@ -227,7 +242,7 @@ def cluster_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
 
 
 CASES = list(_cases(2))
-KNOWN_COUNTS = {"tensor_slices", "numpy_shuffled", "partial_last_batch"}
+KNOWN_COUNTS = {"tensor_slices", "numpy_shuffled", "partial_last_batch", "repeat_epochs"}
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -288,6 +303,7 @@ def test_policies_chosen(cluster_run: Any) -> None:
         "data_on_files": "data",
         "dataset_reads_files": "file",
         "hint": "hint",
+        "repeat_epochs": "data",
     }
     # FILE: each worker reads a disjoint set of files that together are all of them.
     for name in ("files_equal", "files_uneven"):
@@ -295,3 +311,9 @@ def test_policies_chosen(cluster_run: Any) -> None:
         flat = [f for files in assigned for f in files]
         assert len(flat) == len(set(flat)) == len(cases[name]["sizes"])
         assert all(files for files in assigned)
+
+
+def test_repeat_epochs_second_epoch_is_exact_too(cluster_run: Any) -> None:
+    _, cases, results = cluster_run
+    second = [i for result in results for i in result["repeat_epochs"]["epoch2"]]
+    assert sorted(second) == cases["repeat_epochs"]["expected"]
