@@ -278,6 +278,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
     # ------------------------------------------------------------------ hooks
 
     def on_train_begin(self, logs: Mapping[str, Any] | None = None) -> None:
+        self._close_writers()  # left open when a previous fit raised before on_train_end
         self._reset_fit_state()
         model = self.model
         optimizer = getattr(model, "optimizer", None)
@@ -376,10 +377,13 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
             self._count_to(final)
             self._carried = tuple(self._counts)
             self._summary = self._build_summary(final)
-            for writer in self._writers.values():
-                writer.flush()
-                writer.close()
-            self._writers = {}
+            self._close_writers()
+
+    def _close_writers(self) -> None:
+        for writer in self._writers.values():
+            writer.flush()
+            writer.close()
+        self._writers = {}
 
     # ------------------------------------------------------------------ measuring
 
