@@ -6,6 +6,7 @@ Counts are checked against the example ids each replica actually received.
 from __future__ import annotations
 
 import logging
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -384,6 +385,20 @@ def test_iteration_is_recorded_and_type_is_kept() -> None:
     assert dataset_info.last_iterated() is dist.tfdp_info
 
 
+def test_cardinality_is_the_step_count() -> None:
+    strategy = _mirrored(2)
+    dist = build_distributed_dataset(np.arange(13), strategy=strategy, global_batch_size=6)
+    assert int(dist.cardinality) == dist.tfdp_info.steps_per_epoch == len(list(dist)) == 3
+    unknown = build_distributed_dataset(
+        tf.data.Dataset.range(13).filter(lambda i: True), strategy=strategy, global_batch_size=6
+    )
+    assert int(unknown.cardinality) == tf.data.UNKNOWN_CARDINALITY
+    epochs = build_distributed_dataset(
+        np.arange(13), strategy=strategy, global_batch_size=6, repeat="epochs"
+    )
+    assert int(epochs.cardinality) == tf.data.INFINITE_CARDINALITY
+
+
 def test_default_strategy_returns_a_dataset_with_info() -> None:
     dist = build_distributed_dataset(np.arange(10), global_batch_size=4)
     assert dist.tfdp_info.steps_per_epoch == 3
@@ -430,7 +445,11 @@ def test_keras_fit_consumes_every_example() -> None:
         model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
         model.compile(optimizer="sgd", loss="mse")
     steps = None if IS_KERAS3 else dist.tfdp_info.steps_per_epoch
-    history = model.fit(dist, epochs=2, steps_per_epoch=steps, verbose=0, callbacks=[Count()])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = model.fit(dist, epochs=2, steps_per_epoch=steps, verbose=0, callbacks=[Count()])
+    # The dataset reports its steps, not TF's per-worker batch count (7 here), to Keras 3.
+    assert not [w for w in caught if "ran out of data" in str(w.message)]
     assert len(history.history["loss"]) == 2
     assert Count.batches == 8
     assert dist.tfdp_info.steps_per_epoch == 4

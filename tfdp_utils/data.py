@@ -883,6 +883,29 @@ def _global_dataset(recipe: _Recipe, source: Any) -> Any:
 
 
 _RECORDING_CLASSES: dict[type, type] = {}
+_UNKNOWN_CARDINALITY = -2  # tf.data.UNKNOWN_CARDINALITY
+
+
+def _steps_cardinality(fget: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``cardinality`` as steps per epoch, for Keras 3, which takes it as its step count.
+
+    TensorFlow reports the number of per-replica batches of one worker's dataset, which is
+    not the number of steps with several replicas per worker, and differs between workers
+    whose shares differ: Keras would then end epochs early, or at different steps on
+    different workers. The exact step count, or "unknown" (iterate until the synchronised
+    end of data), is right in every case.
+    """
+
+    def cardinality(self: Any) -> Any:
+        value = fget(self)
+        info = getattr(self, "tfdp_info", None)
+        if not isinstance(info, DatasetInfo) or int(value) < 0:
+            return value
+        if info.steps_per_epoch is not None and not info.repeat:
+            return type(value)(info.steps_per_epoch)
+        return type(value)(_UNKNOWN_CARDINALITY)
+
+    return cardinality
 
 
 def _recording_class(base: type) -> type:
@@ -896,9 +919,13 @@ def _recording_class(base: type) -> type:
                 dataset_info.record_iteration(info)
             return base.__iter__(self)  # type: ignore[attr-defined]
 
+        namespace: dict[str, Any] = {"__iter__": __iter__, "__module__": __name__}
+        base_cardinality = inspect.getattr_static(base, "cardinality", None)
+        if isinstance(base_cardinality, property) and base_cardinality.fget is not None:
+            namespace["cardinality"] = property(_steps_cardinality(base_cardinality.fget))
         # Same name, so that code matching on the class name (Keras' data adapters walk
         # the MRO for "DistributedDatasetsFromFunction") still recognises it.
-        cls = type(base.__name__, (base,), {"__iter__": __iter__, "__module__": __name__})
+        cls = type(base.__name__, (base,), namespace)
         _RECORDING_CLASSES[base] = cls
     return cls
 
