@@ -359,6 +359,19 @@ def test_bad_global_batch_size_is_rejected(scoped, bad, error):
         )
 
 
+def test_loss_by_name(scoped):
+    strategy, model, optimizer = scoped
+    step = tdu.make_distributed_train_step(
+        model, loss="sparse_categorical_crossentropy", optimizer=optimizer, strategy=strategy
+    )
+    batch = next(iter(strategy.experimental_distribute_dataset(_data())))
+    assert np.isfinite(float(step(batch)))
+    with pytest.raises(ValueError, match="reduction='none'"):
+        tdu.make_distributed_train_step(
+            model, loss="SparseCategoricalCrossentropy", optimizer=optimizer, strategy=strategy
+        )
+
+
 def test_non_callable_loss_is_rejected(scoped):
     strategy, model, optimizer = scoped
     with pytest.raises(TypeError, match="loss must be a callable"):

@@ -162,8 +162,8 @@ def make_distributed_train_step(
         model: a built Keras model whose variables were created under ``strategy.scope()``.
         loss: ``loss(y_true, y_pred)`` returning one value per example (shape ``(batch,)``
             or ``(batch, ...)``, averaged over the trailing axes), e.g.
-            ``keras.losses.sparse_categorical_crossentropy`` or a Keras loss object with
-            ``reduction="none"``. A Keras loss that reduces is rejected.
+            ``keras.losses.sparse_categorical_crossentropy`` (or its name as a string), or a
+            Keras loss object with ``reduction="none"``. A Keras loss that reduces is rejected.
         optimizer: a Keras optimizer created under ``strategy.scope()``.
         strategy: a ``tf.distribute.Strategy``. Defaults to `None` (the strategy in scope).
         global_batch_size: divide every step's loss by this many examples. Defaults to
