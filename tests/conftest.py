@@ -66,6 +66,15 @@ def logical_cpus() -> int:
     return NUM_LOGICAL_CPUS
 
 
+@pytest.fixture(autouse=True)
+def _fresh_collective_keys():
+    # Several MirroredStrategy objects over different devices in one process reuse collective
+    # group keys and abort ("joining a group with size 4, but that group has size 2"); TF's
+    # own strategy_combinations.py moves the key base the same way between tests.
+    tf.distribute.MirroredStrategy._collective_key_base += 100_000
+    yield
+
+
 def start_python(code: str, *, env: Mapping[str, str] | None = None) -> subprocess.Popen[str]:
     """Start ``code`` in a fresh Python process; pair with :func:`wait_all`."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}

@@ -15,16 +15,6 @@ NUM_EXAMPLES = 3 * GLOBAL_BATCH + 5  # a partial last batch: 5 examples over 2 o
 TOLERANCE = 1e-5
 
 
-@pytest.fixture(autouse=True)
-def _fresh_collective_keys():
-    # Several MirroredStrategy objects over different devices in one process reuse collective
-    # group keys and abort ("joining a group with size 4, but that group has size 2"); TF's
-    # own strategy_combinations.py moves the key base the same way between tests.
-    tf.distribute.MirroredStrategy._collective_key_base += 100_000
-    yield
-    tf.distribute.MirroredStrategy._collective_key_base += 100_000
-
-
 def _strategy(replicas: int):
     if replicas == 1:
         return tf.distribute.OneDeviceStrategy("/cpu:0")
