@@ -195,6 +195,42 @@ def test_file_source_uneven_sizes_in_process(tmp_path: Path) -> None:
     assert dist.tfdp_info.steps_per_epoch is None  # file sizes are not example counts
 
 
+@pytest.mark.parametrize("repeat", [False, "epochs"])
+def test_counted_files_give_exact_counts(tmp_path: Path, repeat: Any) -> None:
+    paths = _write_text_files(tmp_path, [40, 4, 7])
+    strategy = _mirrored(3)
+    dist = build_distributed_dataset(
+        paths,
+        strategy=strategy,
+        per_replica_batch_size=4,
+        reader=tf.data.TextLineDataset,
+        map_fn=_parse_line,
+        count_examples=True,
+        repeat=repeat,
+    )
+    info = dist.tfdp_info
+    assert info.examples_per_epoch == 51 and info.steps_per_epoch == 5
+    iterator = iter(dist)
+    for _ in range(2 if repeat else 1):
+        seen: list[int] = []
+        for step in range(info.steps_per_epoch):
+            values = strategy.experimental_local_results(next(iterator)["id"])
+            assert tuple(int(v.shape[0]) for v in values) == info.examples_in_step(step)
+            for value in values:
+                seen.extend(value.numpy().tolist())
+        assert sorted(seen) == list(range(51))
+    if not repeat:
+        with pytest.raises(StopIteration):
+            next(iterator)
+    assert plan_sharding(
+        paths,
+        num_workers=2,
+        reader=tf.data.TextLineDataset,
+        count_examples=True,
+        global_batch_size=8,
+    ).examples_per_worker == (40, 11)
+
+
 def test_tfrecord_files_by_default(tmp_path: Path) -> None:
     for index in range(3):
         with tf.io.TFRecordWriter(str(tmp_path / f"{index}.tfrecord")) as writer:

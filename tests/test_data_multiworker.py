@@ -41,6 +41,7 @@ def _cases(num_workers: int) -> dict[str, dict[str, Any]]:
         "dataset_reads_files": {"sizes": (8, 3, 11, 6, 2, 9)},
         "hint": {"n": 21},
         "repeat_epochs": {"n": 4 * num_workers * 2 + 3},
+        "files_uneven_counted": {"sizes": UNEVEN_SIZES},
     }
 
 
@@ -78,6 +79,9 @@ def source(name, case):
     if name == "files_equal":
         return dict(source=os.path.join(data_dir, name, "*.tfrecord"), map_fn=parse_record,
                     shuffle_buffer_size=4)
+    if name == "files_uneven_counted":
+        return dict(source=files(name), reader=tf.data.TextLineDataset, map_fn=parse_text,
+                    shuffle_buffer_size=16, count_examples=True)
     if name in ("files_uneven", "files_fewer"):
         return dict(source=files(name), reader=tf.data.TextLineDataset, map_fn=parse_text,
                     shuffle_buffer_size=16)
@@ -242,7 +246,13 @@ def cluster_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
 
 
 CASES = list(_cases(2))
-KNOWN_COUNTS = {"tensor_slices", "numpy_shuffled", "partial_last_batch", "repeat_epochs"}
+KNOWN_COUNTS = {
+    "tensor_slices",
+    "numpy_shuffled",
+    "partial_last_batch",
+    "repeat_epochs",
+    "files_uneven_counted",
+}
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -304,6 +314,7 @@ def test_policies_chosen(cluster_run: Any) -> None:
         "dataset_reads_files": "file",
         "hint": "hint",
         "repeat_epochs": "data",
+        "files_uneven_counted": "file",
     }
     # FILE: each worker reads a disjoint set of files that together are all of them.
     for name in ("files_equal", "files_uneven"):

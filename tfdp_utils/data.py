@@ -524,13 +524,52 @@ class _Facts:
     sizes: tuple[int, ...] | None = None
     num_examples: int | None = None  # -1: infinite
     has_reader: bool = False
+    file_counts: tuple[int, ...] | None = None  # examples in each file, when counted
 
 
-def _gather(source: Any, *, shard_policy: str) -> _Facts:
+def count_records(
+    files: Sequence[str], reader: Callable[[Any], Any] | None = None
+) -> tuple[int, ...]:
+    """Examples in each file as ``reader`` reads it (reads every file once, in parallel).
+
+    Args:
+        files: file paths.
+        reader: ``path -> tf.data.Dataset``. Defaults to `None` (``tf.data.TFRecordDataset``).
+
+    Returns:
+        The number of elements in each file, in the order of ``files``.
+    """
+    tf = _tf()
+    reader = reader or tf.data.TFRecordDataset
+    if not files:
+        return ()
+
+    def count(path: Any) -> Any:
+        return reader(path).reduce(tf.constant(0, tf.int64), lambda total, _: total + 1)
+
+    names = tf.data.Dataset.from_tensor_slices(list(files))
+    counts = names.map(count, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return tuple(int(n) for n in counts.as_numpy_iterator())
+
+
+def _gather(
+    source: Any,
+    *,
+    shard_policy: str,
+    reader: Callable[[Any], Any] | None = None,
+    count_examples: bool = False,
+) -> _Facts:
     kind = _source_kind(source)
     if kind == "files":
         files = resolve_files(source)
-        return _Facts(kind, files=files, sizes=_file_sizes(files))
+        counts = count_records(files, reader) if count_examples else None
+        return _Facts(
+            kind,
+            files=files,
+            sizes=_file_sizes(files),
+            num_examples=None if counts is None else sum(counts),
+            file_counts=counts,
+        )
     if kind == "dataset":
         return _Facts(
             kind,
@@ -577,12 +616,17 @@ def _plan(
     files_per_worker: tuple[tuple[str, ...], ...] = ()
     if facts.kind == "files":
         if policy == "file":
-            files_per_worker = assign_files(facts.files, num_workers, facts.sizes)
+            # Balance examples when counted (they make the steps), else bytes.
+            weights = facts.file_counts if facts.file_counts is not None else facts.sizes
+            files_per_worker = assign_files(facts.files, num_workers, weights)
         else:
             files_per_worker = (facts.files,) * num_workers
     examples: tuple[int, ...] | None = None
     n = facts.num_examples
-    if n is not None and n >= 0:
+    if policy == "file" and facts.file_counts is not None:
+        count_of = dict(zip(facts.files, facts.file_counts, strict=True))
+        examples = tuple(sum(count_of[f] for f in files) for files in files_per_worker)
+    elif n is not None and n >= 0:
         if policy == "data":
             examples = split_examples(n, num_workers)
         elif policy == "off" and facts.kind != "function":
@@ -613,6 +657,8 @@ def plan_sharding(
     global_batch_size: int | None = None,
     per_replica_batch_size: int | None = None,
     drop_remainder: bool = False,
+    reader: Callable[[Any], Any] | None = None,
+    count_examples: bool = False,
 ) -> ShardingPlan:
     """Decide how ``source`` is split between workers, without building anything.
 
@@ -627,6 +673,9 @@ def plan_sharding(
             is known. Defaults to `None`.
         per_replica_batch_size: alternative to ``global_batch_size``. Defaults to `None`.
         drop_remainder: as for the builder. Defaults to `False`.
+        reader: as for the builder. Defaults to `None` (``tf.data.TFRecordDataset``).
+        count_examples: count the examples of file sources (reads every file once), so the
+            plan knows examples and steps per worker. Defaults to `False`.
 
     Returns:
         A :class:`ShardingPlan`.
@@ -651,7 +700,7 @@ def plan_sharding(
     if global_batch_size is not None or per_replica_batch_size is not None:
         per_replica, _ = _batch_sizes(global_batch_size, per_replica_batch_size, replicas, strategy)
     check_policy(shard_policy)
-    facts = _gather(source, shard_policy=shard_policy)
+    facts = _gather(source, shard_policy=shard_policy, reader=reader, count_examples=count_examples)
     return _plan(
         facts,
         shard_policy=shard_policy,
@@ -960,6 +1009,7 @@ def build_distributed_dataset(
     drop_remainder: bool = False,
     prefetch: bool = True,
     options: Any = None,
+    count_examples: bool = False,
 ) -> Any:
     """Build a distributed dataset in which every example is seen exactly once per epoch.
 
@@ -1001,6 +1051,9 @@ def build_distributed_dataset(
         prefetch: prefetch with AUTOTUNE. Defaults to `True`.
         options: a ``tf.data.Options`` merged into the pipeline's, or a
             ``tf.distribute.InputOptions`` for the strategy. Defaults to `None`.
+        count_examples: for file sources, count the examples of every file before training
+            (each worker reads every file once more), so that files are balanced by examples
+            and ``tfdp_info`` has exact per-replica counts. Defaults to `False`.
 
     Returns:
         A ``tf.distribute.DistributedDataset`` (a ``tf.data.Dataset`` under the default
@@ -1043,7 +1096,7 @@ def build_distributed_dataset(
     elif kind == "dataset":
         _check_unbatched(source, "source")
     facts = (
-        _gather(source, shard_policy=shard_policy)
+        _gather(source, shard_policy=shard_policy, reader=reader, count_examples=count_examples)
         if kind != "arrays"
         else _Facts("arrays", num_examples=_cardinality(source))
     )
@@ -1101,14 +1154,16 @@ def build_distributed_dataset(
         )
     if plan.policy == "file" and kind == "files":
         idle = [i for i, files in enumerate(plan.files_per_worker) if not files]
-        imbalance = file_imbalance(plan.files_per_worker, facts.files, facts.sizes)
+        weights = facts.file_counts if facts.file_counts is not None else facts.sizes
+        imbalance = file_imbalance(plan.files_per_worker, facts.files, weights)
         if imbalance is not None and imbalance > 1.5 and not idle:
             logger.warning(
-                "tfdp_utils: the busiest worker reads %.1fx the mean bytes per worker (files of "
+                "tfdp_utils: the busiest worker reads %.1fx the mean %s per worker (files of "
                 "very different sizes): the others feed empty batches for the last part of each "
                 "epoch. Split the large files, or use shard_policy='data' (every worker reads "
                 "everything) to balance the steps.",
                 imbalance,
+                "examples" if facts.file_counts is not None else "bytes",
             )
         if idle:
             logger.warning(
@@ -1159,8 +1214,10 @@ def build_distributed_dataset(
             "this source; repeating example by example instead (every step full)."
         )
     if repeat == "epochs" and layout is not None and plan.examples_per_worker is not None:
-        # Counts are known only for datasets and arrays, so ``source`` is a dataset here.
-        mapped = source.map(map_fn).element_spec if map_fn is not None else element_spec
+        mapped = element_spec
+        if map_fn is not None:
+            read = _reader_dataset(reader, facts.files[0]) if kind == "files" else source
+            mapped = read.map(map_fn).element_spec
         if mapped is not None and _dense_only(mapped):
             local_batches = layout.steps * replicas_per_worker
             epoch_batches = tuple(
@@ -1237,6 +1294,7 @@ __all__ = [
     "assign_files",
     "build_distributed_dataset",
     "check_policy",
+    "count_records",
     "decide_policy",
     "epoch_layout",
     "file_imbalance",
