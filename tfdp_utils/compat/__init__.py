@@ -13,9 +13,9 @@ bug, so that a fixed Keras gets no patch:
 
 :func:`tfdp_utils.auto_strategy` applies the ones its strategy needs (through
 :func:`apply_for_strategy`); :func:`apply` applies every one whose bug is present. Each is
-applied at most once per process and logged once (logger ``tfdp_utils``). tf_keras is never
-touched: these bugs live in Keras 3's TensorFlow trainer. Set ``TFDP_NO_KERAS_PATCHES=1`` to
-turn them all off.
+applied at most once per process and logged once (logger ``tfdp_utils.compat``, a child of
+``tfdp_utils``). tf_keras is never touched: these bugs live in Keras 3's TensorFlow trainer.
+Set ``TFDP_NO_KERAS_PATCHES=1`` to turn them all off.
 
 Example:
     >>> import tfdp_utils as tdu
@@ -44,7 +44,8 @@ from tfdp_utils.compat._base import (
     keras_version,
 )
 
-logger = logging.getLogger("tfdp_utils")
+# A child of the package's "tfdp_utils" logger: configuring that one configures this too.
+logger = logging.getLogger("tfdp_utils.compat")
 
 DISABLE_VARIABLE = "TFDP_NO_KERAS_PATCHES"
 """Environment variable: ``1`` turns every Keras workaround off."""
