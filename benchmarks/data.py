@@ -35,7 +35,7 @@ NUM_FILES = 8
 ELEMENTS_PER_FILE = 10
 BATCH = 4
 EPOCHS = 2
-REPEATS = 3
+REPEATS = 5
 
 
 def artificial_reader(path: Any) -> Any:

@@ -881,6 +881,10 @@ def _per_worker_dataset(recipe: _Recipe, source: Any, context: Any) -> Any:
         options = options.merge(recipe.data_options)
     # The builder shards above; say so, so that tf.data neither rewrites nor warns.
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    if needs_order:
+        # DATA keeps every W-th example of a stream that must be in the same order on every
+        # worker, including in the source's own parallel transformations.
+        options.deterministic = True
     return dataset.with_options(options)
 
 
