@@ -236,7 +236,49 @@ def test_device_string_instead_of_list():
         choose_strategy(Environment(), devices="/cpu:0")  # type: ignore[arg-type]
 
 
-def test_parameter_server_cluster_is_refused_clearly():
+def test_parameter_server_cluster_without_chief_is_refused_clearly():
     env = Environment(cluster=_cluster(2, ps=["10.0.1.1:2222"]))
-    with pytest.raises(ValueError, match="ParameterServerStrategy"):
+    with pytest.raises(ValueError, match="no 'chief'.*MultiWorkerMirroredStrategy"):
         choose_strategy(env)
+
+
+PS_SPEC = {
+    "chief": ["10.0.2.1:2222"],
+    "worker": ["10.0.0.0:2222", "10.0.0.1:2222"],
+    "ps": ["10.0.1.1:2222"],
+}
+
+
+def test_parameter_server_chief_gets_parameter_server_strategy():
+    choice = choose_strategy(Environment(cluster=validate_cluster(PS_SPEC, "chief", 0)))
+    assert choice.kind == "parameter_server"
+    assert choice.class_name == "ParameterServerStrategy"
+    assert choice.cluster is not None and choice.cluster.has_parameter_servers
+    assert "1 ps" in choice.reason
+    explicit = choose_strategy(
+        Environment(cluster=validate_cluster(PS_SPEC, "chief", 0)), prefer="parameter_server"
+    )
+    assert explicit.kind == "parameter_server"
+
+
+@pytest.mark.parametrize(("kind", "index"), [("worker", 1), ("ps", 0)])
+def test_parameter_server_worker_and_ps_tasks_are_told_to_serve(kind, index):
+    env = Environment(cluster=validate_cluster(PS_SPEC, kind, index))
+    with pytest.raises(ValueError, match=rf"this task is {kind}:{index}.*run_server\(\)"):
+        choose_strategy(env)
+
+
+def test_parameter_server_evaluator_runs_alone():
+    env = Environment(cluster=validate_cluster(PS_SPEC, "evaluator", 0))
+    choice = choose_strategy(env)
+    assert choice.kind == "one_device"
+    assert "evaluator task trains nothing" in choice.reason
+
+
+def test_parameter_server_needs_ps_tasks_and_fits_no_other_preference():
+    with pytest.raises(ValueError, match="needs a cluster with 'ps' tasks"):
+        choose_strategy(Environment(cluster=_cluster(2)), prefer="parameter_server")
+    with pytest.raises(ValueError, match="prefer='mirrored' cannot train a cluster with 'ps'"):
+        choose_strategy(
+            Environment(cluster=validate_cluster(PS_SPEC, "chief", 0)), prefer="mirrored"
+        )

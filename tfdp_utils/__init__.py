@@ -15,7 +15,7 @@ from tfdp_utils.batching import (
     scale_learning_rate,
     steps_per_epoch,
 )
-from tfdp_utils.cluster import ClusterConfig, ClusterTimeoutError
+from tfdp_utils.cluster import ClusterConfig, ClusterTimeoutError, cluster_task_type
 from tfdp_utils.data import ShardingPlan, build_distributed_dataset, plan_sharding
 from tfdp_utils.dataset_info import DatasetInfo
 from tfdp_utils.environment import Environment, detect_environment
@@ -25,6 +25,7 @@ from tfdp_utils.strategy import (
     TPUProbeError,
     auto_strategy,
     choose_strategy,
+    run_server,
 )
 from tfdp_utils.throughput import ThroughputMeter
 from tfdp_utils.training import make_distributed_train_step
@@ -48,6 +49,7 @@ __all__ = [
     "build_distributed_dataset",
     "callbacks",
     "choose_strategy",
+    "cluster_task_type",
     "compat",
     "detect_environment",
     "global_batch_size",
@@ -55,6 +57,7 @@ __all__ = [
     "num_replicas_in_sync",
     "per_replica_batch_size",
     "plan_sharding",
+    "run_server",
     "scale_learning_rate",
     "steps_per_epoch",
 ]

@@ -369,6 +369,19 @@ def cluster_from_environment(environ: Mapping[str, str] | None = None) -> Cluste
     return parse_slurm(environ)
 
 
+def cluster_task_type(environ: Mapping[str, str] | None = None) -> str | None:
+    """This task's type (``chief``, ``worker``, ``evaluator``, ``ps``), or None when alone.
+
+    Example:
+        >>> cluster_task_type({})
+        >>> cluster_task_type({"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2",
+        ...                    "SLURM_STEP_NODELIST": "n[1-2]"})
+        'worker'
+    """
+    config = cluster_from_environment(environ)
+    return None if config is None else config.task_type
+
+
 # ------------------------------------------------------------------------ bounded peer wait
 
 
@@ -542,14 +555,54 @@ def wait_for_peers(
     return waited
 
 
+def wait_for_servers(config: ClusterConfig, *, timeout: float, poll_interval: float = 0.2) -> float:
+    """Block until every ``worker`` and ``ps`` server of a parameter-server cluster accepts
+    connections, at most ``timeout`` seconds. Returns the seconds waited.
+
+    Raises:
+        ClusterTimeoutError: naming each server that never answered and how to wait longer.
+    """
+    start = time.monotonic()
+    deadline = start + timeout
+    servers = [
+        (task_type, index, address)
+        for task_type in ("worker", "ps")
+        for index, address in enumerate(config.cluster.get(task_type, ()))
+    ]
+    pending = list(servers)
+    while pending:
+        pending = [
+            task
+            for task in pending
+            if not _reachable(task[2], min(1.0, max(deadline - time.monotonic(), 0.05)))
+        ]
+        if not pending:
+            break
+        if time.monotonic() >= deadline:
+            names = ", ".join(f"{t}:{i} at {a}" for t, i, a in pending)
+            raise ClusterTimeoutError(
+                f"{len(pending)} of {len(servers)} server task(s) of the {config.source} "
+                f"parameter-server cluster did not answer within {timeout:g} s: {names}. Check "
+                "that those tasks run tfdp_utils.run_server() and are reachable from here, or "
+                "wait longer with auto_strategy(cluster_timeout=SECONDS) or the "
+                "TFDP_CLUSTER_TIMEOUT environment variable.",
+                missing=pending,
+                timeout=timeout,
+            )
+        time.sleep(min(poll_interval, max(deadline - time.monotonic(), 0)))
+    return time.monotonic() - start
+
+
 __all__ = [
     "ClusterConfig",
     "ClusterTimeoutError",
     "cluster_from_environment",
+    "cluster_task_type",
     "expand_hostlist",
     "expand_tasks_per_node",
     "parse_slurm",
     "parse_tf_config",
     "validate_cluster",
     "wait_for_peers",
+    "wait_for_servers",
 ]

@@ -15,13 +15,25 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from tfdp_utils.cluster import ClusterConfig, wait_for_peers
+from tfdp_utils.cluster import ClusterConfig, wait_for_peers, wait_for_servers
 from tfdp_utils.environment import Environment, detect_environment
+from tfdp_utils.faults import (
+    COLLECTIVE_TIMEOUT_VARIABLE,
+    DEFAULT_COLLECTIVE_TIMEOUT,
+    CollectiveWatchdog,
+    resolve_collective_timeout,
+)
 
 logger = logging.getLogger("tfdp_utils")
 
-StrategyKind = Literal["tpu", "multi_worker", "mirrored", "one_device"]
-STRATEGY_KINDS: tuple[str, ...] = ("tpu", "multi_worker", "mirrored", "one_device")
+StrategyKind = Literal["tpu", "multi_worker", "mirrored", "one_device", "parameter_server"]
+STRATEGY_KINDS: tuple[str, ...] = (
+    "tpu",
+    "multi_worker",
+    "mirrored",
+    "one_device",
+    "parameter_server",
+)
 PREFER_CHOICES: tuple[str, ...] = ("auto", *STRATEGY_KINDS)
 
 DEFAULT_CLUSTER_TIMEOUT = 300.0
@@ -32,6 +44,7 @@ _CLASS_NAMES = {
     "multi_worker": "MultiWorkerMirroredStrategy",
     "mirrored": "MirroredStrategy",
     "one_device": "OneDeviceStrategy",
+    "parameter_server": "ParameterServerStrategy",
 }
 
 
@@ -44,10 +57,11 @@ class StrategyChoice:
     """The outcome of :func:`choose_strategy`.
 
     Attributes:
-        kind: ``"tpu"``, ``"multi_worker"``, ``"mirrored"`` or ``"one_device"``.
+        kind: ``"tpu"``, ``"multi_worker"``, ``"mirrored"``, ``"one_device"`` or
+            ``"parameter_server"`` (the chief of a cluster with ``ps`` tasks).
         devices: the local devices the strategy runs on.
         reason: one line saying why, e.g. ``"2 GPUs visible, no cluster -> mirrored"``.
-        cluster: the cluster for ``multi_worker``, else None.
+        cluster: the cluster for ``multi_worker`` and ``parameter_server``, else None.
     """
 
     kind: StrategyKind
@@ -135,12 +149,14 @@ def choose_strategy(
     Order for ``prefer="auto"``: TPU when evidently present, then a multi-task cluster
     (MultiWorkerMirroredStrategy), then 2+ GPUs or 2+ logical CPUs (MirroredStrategy), then
     one GPU, then the CPU (OneDeviceStrategy). ``env.forced_strategy`` (``TFDP_STRATEGY``)
-    replaces ``"auto"``.
+    replaces ``"auto"``. In a cluster with ``ps`` tasks the chief (the coordinator) gets
+    ``parameter_server``, an evaluator gets a local strategy, and the ``worker`` and ``ps``
+    tasks get an error: they run :func:`run_server` instead of training.
 
     Args:
         env: what the process sees; see :func:`detect_environment`.
-        prefer: ``"auto"``, ``"tpu"``, ``"multi_worker"``, ``"mirrored"`` or ``"one_device"``.
-            Defaults to `"auto"`.
+        prefer: ``"auto"``, ``"tpu"``, ``"multi_worker"``, ``"mirrored"``, ``"one_device"``
+            or ``"parameter_server"``. Defaults to `"auto"`.
         devices: restrict to these local devices. Defaults to `None` (all visible).
         tpu_failure: why a TPU probe failed; the TPU is then skipped and the reason kept.
             Defaults to `None`.
@@ -149,8 +165,9 @@ def choose_strategy(
         A :class:`StrategyChoice`.
 
     Raises:
-        ValueError: for an unknown ``prefer`` or ``TFDP_STRATEGY``, unknown devices, or a
-            cluster with parameter servers.
+        ValueError: for an unknown ``prefer`` or ``TFDP_STRATEGY``, unknown devices, a
+            ``worker`` or ``ps`` task of a parameter-server cluster, a parameter-server
+            cluster without a chief, or ``prefer="parameter_server"`` without ``ps`` tasks.
     """
     prefer = _check_prefer(prefer, "prefer")
     why = ""
@@ -160,13 +177,18 @@ def choose_strategy(
             why = f"TFDP_STRATEGY={prefer}; "
     chosen = _restrict(env, devices) if devices is not None else None
     cluster = env.cluster
-    if cluster is not None and cluster.has_parameter_servers:
+    if prefer == "parameter_server" and (cluster is None or not cluster.has_parameter_servers):
+        where = cluster.describe() if cluster else "no cluster spec"
         raise ValueError(
-            f"the {cluster.source} cluster has 'ps' tasks, which means parameter-server training; "
-            "auto_strategy() builds data-parallel strategies only. Build "
-            "tf.distribute.experimental.ParameterServerStrategy yourself, or remove 'ps' from "
-            "the cluster to train with MultiWorkerMirroredStrategy."
+            f"prefer='parameter_server' needs a cluster with 'ps' tasks, but there is {where}. "
+            "Set TF_CONFIG with 'chief', 'worker' and 'ps' tasks, or use prefer='auto'."
         )
+    if cluster is not None and cluster.has_parameter_servers:
+        ps_choice = _parameter_server_choice(cluster, prefer, why)
+        if ps_choice is not None:
+            return ps_choice
+        why += "evaluator task trains nothing, so it runs alone; "
+        return _local_choice(env, chosen, why)
 
     if prefer == "tpu":
         tpu_devices = chosen or env.tpus
@@ -203,6 +225,39 @@ def choose_strategy(
         else:
             why += f"{cluster.source} lists a single training task; "
     return _local_choice(env, chosen, why)
+
+
+def _parameter_server_choice(
+    cluster: ClusterConfig, prefer: str, why: str
+) -> StrategyChoice | None:
+    """The chief's choice in a cluster with ``ps`` tasks; None for the evaluator."""
+    me = f"{cluster.task_type}:{cluster.task_index}"
+    if cluster.task_type == "evaluator":
+        return None
+    if "chief" not in cluster.cluster:
+        raise ValueError(
+            f"the {cluster.source} cluster has 'ps' tasks but no 'chief': parameter-server "
+            "training needs one chief task that coordinates the workers. Add "
+            '"chief": ["host:port"] to the cluster, or remove \'ps\' to train with '
+            "MultiWorkerMirroredStrategy."
+        )
+    if cluster.task_type != "chief":
+        raise ValueError(
+            f"this task is {me} of a parameter-server cluster ({cluster.describe()}): "
+            f"{cluster.task_type} tasks do not build a strategy or train; they serve the chief. "
+            "Call tfdp_utils.run_server() in this task instead (it blocks), e.g.\n"
+            "    if tdu.cluster_task_type() in ('worker', 'ps'):\n"
+            "        tdu.run_server()\n"
+            "    strategy = tdu.auto_strategy()"
+        )
+    if prefer not in ("auto", "parameter_server"):
+        raise ValueError(
+            f"prefer={prefer!r} cannot train a cluster with 'ps' tasks ({cluster.describe()}); "
+            "use prefer='auto' or 'parameter_server', or remove 'ps' from the cluster."
+        )
+    return StrategyChoice(
+        "parameter_server", (), f"{why}{cluster.describe()} -> parameter_server", cluster
+    )
 
 
 # ------------------------------------------------------------------------------- the glue
@@ -278,7 +333,9 @@ def _connect_tpu(address: str | None, probe_timeout: float) -> Any:
     return strategy
 
 
-def _communication_options(devices: Sequence[str], collective_timeout: float | None) -> Any:
+def _communication_options(devices: Sequence[str]) -> Any:
+    # No timeout_seconds here: TensorFlow starts one sleeping thread per collective for the
+    # whole timeout (thousands of threads in a long run); CollectiveWatchdog bounds instead.
     from tfdp_utils._tf import tf
 
     implementation = (
@@ -286,9 +343,7 @@ def _communication_options(devices: Sequence[str], collective_timeout: float | N
         if any(":GPU:" in d for d in devices)
         else tf.distribute.experimental.CommunicationImplementation.RING
     )
-    return tf.distribute.experimental.CommunicationOptions(
-        implementation=implementation, timeout_seconds=collective_timeout
-    )
+    return tf.distribute.experimental.CommunicationOptions(implementation=implementation)
 
 
 def _resolver_for(config: ClusterConfig, num_gpus: int) -> Any:
@@ -339,16 +394,109 @@ def _build_multi_worker(
         # MWMS's constructor waits forever for a missing worker and cannot be interrupted
         # (the call holds the GIL, SIGTERM is ignored), so bound the wait before calling it.
         wait_for_peers(config, timeout=cluster_timeout)
-    options = _communication_options(choice.devices, collective_timeout)
+    options = _communication_options(choice.devices)
     if resolver is None:
         strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     else:
         strategy = tf.distribute.MultiWorkerMirroredStrategy(
             cluster_resolver=resolver, communication_options=options
         )
+    strategy._tfdp_watchdog = None
+    if collective_timeout is not None and int(strategy.extended._num_workers) > 1:
+        strategy._tfdp_watchdog = CollectiveWatchdog(collective_timeout).start()
+        logger.info(
+            "tfdp_utils: multi-worker calls are bounded by collective_timeout=%g s (change it "
+            "with auto_strategy(collective_timeout=SECONDS) or %s)",
+            collective_timeout,
+            COLLECTIVE_TIMEOUT_VARIABLE,
+        )
     with _CACHE_LOCK:
         _CACHE[key] = strategy
     return strategy
+
+
+def _build_parameter_server(
+    choice: StrategyChoice, *, cluster_resolver: Any, cluster_timeout: float, num_gpus: int
+) -> Any:
+    from tfdp_utils._tf import IS_KERAS3, KERAS_VERSION, tf
+
+    if IS_KERAS3:
+        # Keras 3's TensorFlow trainer has no ParameterServerStrategy path (tf_keras drives
+        # it through a ClusterCoordinator inside Model.fit), so refuse before any network wait.
+        raise ValueError(
+            f"this is the chief of a parameter-server cluster, but the active Keras is Keras "
+            f"{KERAS_VERSION}, whose Model.fit cannot train with ParameterServerStrategy. "
+            "Set TF_USE_LEGACY_KERAS=1 (with tf-keras installed: pip install "
+            "'tfdp-utils[legacy]') before TensorFlow is imported to train with tf_keras, or "
+            "remove 'ps' from the cluster to train with MultiWorkerMirroredStrategy."
+        )
+    config = choice.cluster
+    if cluster_resolver is not None:
+        config = _config_from_resolver(cluster_resolver)
+    if config is None:  # pragma: no cover - choose_strategy guarantees a cluster
+        raise ValueError("parameter_server needs a cluster spec")
+    key = ("parameter_server", json.dumps(config.as_tf_config(), sort_keys=True))
+    with _CACHE_LOCK:
+        if key in _CACHE:
+            return _CACHE[key]
+    # Connecting to the cluster waits without a bound for servers that never start.
+    wait_for_servers(config, timeout=cluster_timeout)
+    resolver = cluster_resolver or _resolver_for(config, num_gpus)
+    strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+    with _CACHE_LOCK:
+        _CACHE[key] = strategy
+    return strategy
+
+
+def run_server(*, cluster_resolver: Any = None, environ: Any = None) -> None:
+    """Start this task's TensorFlow server and serve until the process is stopped.
+
+    For the ``worker`` and ``ps`` tasks of a parameter-server cluster, which hold variables
+    and run the steps the chief sends them but never train themselves. The server listens
+    on this task's address from TF_CONFIG (or ``cluster_resolver``) without authentication or
+    encryption: keep the cluster on a private network.
+
+    Args:
+        cluster_resolver: a ``ClusterResolver`` to use instead of TF_CONFIG / SLURM.
+            Defaults to `None`.
+        environ: variables to read instead of ``os.environ``. Defaults to `None`.
+
+    Raises:
+        ValueError: no cluster spec, or this task is a chief or evaluator (which train or
+            evaluate rather than serve).
+
+    Example:
+        >>> if tdu.cluster_task_type() in ("worker", "ps"):  # doctest: +SKIP
+        ...     tdu.run_server()  # never returns
+    """
+    from tfdp_utils._tf import tf
+    from tfdp_utils.cluster import cluster_from_environment
+
+    config = (
+        _config_from_resolver(cluster_resolver)
+        if cluster_resolver is not None
+        else cluster_from_environment(environ)
+    )
+    if config is None:
+        raise ValueError(
+            "run_server() found no cluster: TF_CONFIG is unset and this is no multi-task srun "
+            "step. Set TF_CONFIG with this task's place in the cluster."
+        )
+    if config.task_type not in ("worker", "ps"):
+        raise ValueError(
+            f"run_server() is for 'worker' and 'ps' tasks, but this task is "
+            f"{config.task_type}:{config.task_index}; call auto_strategy() and train instead."
+        )
+    os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
+    server = tf.distribute.Server(
+        tf.train.ClusterSpec({k: list(v) for k, v in config.cluster.items()}),
+        job_name=config.task_type,
+        task_index=config.task_index,
+        protocol="grpc",
+        start=True,
+    )
+    logger.info("tfdp_utils: serving %s at %s", config.describe(), config.address)
+    server.join()
 
 
 def build_strategy(
@@ -360,9 +508,20 @@ def build_strategy(
     collective_timeout: float | None = None,
     num_gpus: int = 0,
 ) -> Any:
-    """Build the ``tf.distribute.Strategy`` for a :class:`StrategyChoice` (not for TPUs)."""
+    """Build the ``tf.distribute.Strategy`` for a :class:`StrategyChoice` (not for TPUs).
+
+    ``collective_timeout`` here is the resolved bound (None: unbounded); see
+    :func:`auto_strategy`.
+    """
     from tfdp_utils._tf import tf
 
+    if choice.kind == "parameter_server":
+        return _build_parameter_server(
+            choice,
+            cluster_resolver=cluster_resolver,
+            cluster_timeout=cluster_timeout,
+            num_gpus=num_gpus,
+        )
     if choice.kind == "multi_worker":
         return _build_multi_worker(
             choice,
@@ -389,14 +548,18 @@ def auto_strategy(
     cross_device_ops: Any = None,
     probe_timeout: float = 5.0,
     cluster_timeout: float = DEFAULT_CLUSTER_TIMEOUT,
-    collective_timeout: float | None = None,
+    collective_timeout: float | None = DEFAULT_COLLECTIVE_TIMEOUT,
 ) -> Any:
     """Pick, build and return the ``tf.distribute.Strategy`` this process should train with.
 
     TPU > multi-worker cluster > multi-GPU (or several logical CPUs) > one device. Each choice
     is logged once (logger ``tfdp_utils``) with its reason. Nothing here waits unbounded: a TPU
-    probe gives up after ``probe_timeout`` seconds and falls back (under ``"auto"``), and
-    peers of a cluster must answer within ``cluster_timeout`` seconds.
+    probe gives up after ``probe_timeout`` seconds and falls back (under ``"auto"``), peers of
+    a cluster must answer within ``cluster_timeout`` seconds, and a multi-worker job's calls
+    that wait on a peer end after ``collective_timeout`` seconds. The cluster comes from
+    TF_CONFIG (Kubernetes TFJob, Ray Train) or srun's variables (SLURM); an ``evaluator`` task
+    gets a local strategy, and the chief of a cluster with ``ps`` tasks gets
+    ``ParameterServerStrategy`` (tf_keras only; see :func:`run_server` for the other tasks).
 
     Args:
         prefer: ``"auto"``, ``"tpu"``, ``"multi_worker"``, ``"mirrored"`` or ``"one_device"``.
@@ -410,15 +573,22 @@ def auto_strategy(
         probe_timeout: seconds allowed for each TPU probe step. Defaults to `5.0`.
         cluster_timeout: seconds to wait for every peer of a cluster to start; the variable
             ``TFDP_CLUSTER_TIMEOUT`` replaces the default. Defaults to `300.0`.
-        collective_timeout: seconds after which a multi-worker collective gives up.
-            Defaults to `None` (TensorFlow's default: no limit).
+        collective_timeout: seconds one TensorFlow call of a multi-worker job may wait (a
+            collective whose peer is stuck or gone); past it, the job's collectives are
+            aborted and ``fit`` raises ``tf.errors.DeadlineExceededError`` with a message
+            naming this bound (see :mod:`tfdp_utils.faults`). A dead peer process is usually
+            reported sooner by TensorFlow itself (``UnavailableError``). Keep it above your
+            slowest step, first trace and save. The variable ``TFDP_COLLECTIVE_TIMEOUT``
+            replaces the default; None or 0 turns the bound off. Defaults to `600.0`.
 
     Returns:
         A ``tf.distribute.Strategy``. Calling again returns an equivalent strategy (the same
         instance for multi-worker and TPU strategies, which TensorFlow allows once per process).
 
     Raises:
-        ValueError: unknown ``prefer`` / ``TFDP_STRATEGY``, unknown devices, malformed TF_CONFIG.
+        ValueError: unknown ``prefer`` / ``TFDP_STRATEGY``, unknown devices, malformed TF_CONFIG,
+            a bad ``collective_timeout``, a parameter-server cluster under Keras 3 or on a
+            ``worker`` / ``ps`` task.
         ClusterTimeoutError: peers did not start within ``cluster_timeout``.
         TPUProbeError: ``prefer="tpu"`` and the TPU could not be reached.
 
@@ -429,11 +599,7 @@ def auto_strategy(
     """
     if not probe_timeout > 0:
         raise ValueError(f"probe_timeout={probe_timeout!r} must be a positive number of seconds.")
-    if collective_timeout is not None and not collective_timeout > 0:
-        raise ValueError(
-            f"collective_timeout={collective_timeout!r} must be a positive number of seconds "
-            "or None."
-        )
+    resolved_collective_timeout = resolve_collective_timeout(collective_timeout)
     cluster_timeout = _cluster_timeout(cluster_timeout)
     env = detect_environment(tpu=tpu)
     if cluster_resolver is not None:
@@ -463,7 +629,7 @@ def auto_strategy(
             cluster_resolver=cluster_resolver,
             cross_device_ops=cross_device_ops,
             cluster_timeout=cluster_timeout,
-            collective_timeout=collective_timeout,
+            collective_timeout=resolved_collective_timeout,
             num_gpus=len(env.gpus),
         )
     _after_build(strategy)
@@ -471,7 +637,7 @@ def auto_strategy(
         "tfdp_utils: %s over %d replica(s) on %s: %s",
         choice.class_name,
         strategy.num_replicas_in_sync,
-        ", ".join(choice.devices) or "TPU",
+        ", ".join(choice.devices) or ("the cluster" if choice.cluster else "TPU"),
         choice.reason,
     )
     strategy._tfdp_choice = choice
@@ -502,4 +668,5 @@ __all__ = [
     "choose_strategy",
     "explain",
     "normalize_device",
+    "run_server",
 ]
