@@ -666,7 +666,8 @@ def plan_sharding(
         source: what :func:`build_distributed_dataset` accepts.
         strategy: the ``tf.distribute.Strategy`` that will train. Defaults to `None` (the
             strategy in scope).
-        num_workers: plan for this many workers instead of the strategy's. Defaults to `None`.
+        num_workers: plan for this many workers instead of the strategy's (with one replica
+            per worker if the strategy has fewer replicas than that). Defaults to `None`.
         shard_policy: ``"auto"``, ``"file"``, ``"data"``, ``"hint"`` or ``"off"``.
             Defaults to `"auto"`.
         global_batch_size: with it, the plan includes steps per worker when the example count
