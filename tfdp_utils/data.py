@@ -1150,6 +1150,14 @@ def build_distributed_dataset(
             "tfdp_utils: the source is infinite, so an epoch never ends; pass steps_per_epoch "
             "to fit (or stop your loop yourself). Per-epoch exact coverage does not apply."
         )
+    if plan.policy == "file" and kind == "dataset" and num_workers > 1:
+        logger.warning(
+            "tfdp_utils: shard_policy='file' on a tf.data.Dataset uses tf.data's FILE "
+            "autoshard, which needs at least %d files in the dataset: with fewer, a worker "
+            "fails at its first batch while the others wait for it. Pass the file paths as "
+            "source instead so the builder can check and balance them.",
+            num_workers,
+        )
     if plan.policy == "off" and num_workers > 1 and kind != "function":
         logger.warning(
             "tfdp_utils: shard_policy='off' on %d workers: every worker trains on every "
