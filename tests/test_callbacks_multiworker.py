@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -90,8 +91,14 @@ def run_workers(log_dir: Path, flavour: str, timeout: float = 240) -> list[dict[
 
 
 def event_pids(run_dir: Path) -> set[int]:
-    # events.out.tfevents.<time>.<host>.<pid>.<n>.v2
-    return {int(p.name.split(".")[-3]) for p in run_dir.glob("events.out.tfevents.*")}
+    # events.out.tfevents.<time>.<host>.<pid>.<n>[.v2]; the host name may contain dots.
+    pattern = re.compile(r"^events\.out\.tfevents\.\d+\..+\.(\d+)\.\d+(\.v2)?$")
+    pids = set()
+    for path in run_dir.glob("events.out.tfevents.*"):
+        match = pattern.match(path.name)
+        assert match, path.name
+        pids.add(int(match.group(1)))
+    return pids
 
 
 @pytest.mark.parametrize("flavour", ["tf_keras", "keras3_with_compat"])
