@@ -19,6 +19,7 @@ from tfdp_utils.cluster import ClusterConfig, ClusterTimeoutError, cluster_task_
 from tfdp_utils.data import ShardingPlan, build_distributed_dataset, plan_sharding
 from tfdp_utils.dataset_info import DatasetInfo
 from tfdp_utils.environment import Environment, detect_environment
+from tfdp_utils.faults import worker_backup_dir
 from tfdp_utils.schedules import WarmupSchedule
 from tfdp_utils.strategy import (
     StrategyChoice,
@@ -60,4 +61,5 @@ __all__ = [
     "run_server",
     "scale_learning_rate",
     "steps_per_epoch",
+    "worker_backup_dir",
 ]

@@ -191,9 +191,49 @@ class CollectiveWatchdog:
             del frame
 
 
+
+def worker_backup_dir(backup_dir: str | os.PathLike[str], strategy: Any = None) -> str:
+    """The directory to hand ``keras.callbacks.BackupAndRestore`` on this worker.
+
+    tf_keras's BackupAndRestore coordinates the workers of a MultiWorkerMirroredStrategy
+    itself (the chief writes ``backup_dir``, the others scratch copies), so it gets
+    ``backup_dir`` unchanged. Keras 3's has no multi-worker support: every worker writes the
+    same files (measured here: ``FileExistsError`` from the racing ``makedirs``, and a file
+    half-written by two processes), so under Keras 3 each worker of a multi-worker job gets
+    ``backup_dir/worker_<rank>``. Workers keep their rank across a restart (TF_CONFIG index,
+    SLURM_PROCID), so each restores its own copy; the copies are equal, as synchronous
+    training keeps every worker's weights equal.
+
+    Args:
+        backup_dir: the job's backup directory (local path or ``tf.io.gfile`` URL).
+        strategy: the training strategy. Defaults to `None` (the strategy in scope).
+
+    Returns:
+        The directory for this worker.
+
+    Example:
+        >>> backup = tdu.worker_backup_dir("gs://bucket/job1/backup", strategy)  # doctest: +SKIP
+        >>> model.fit(dist, callbacks=[keras.callbacks.BackupAndRestore(backup)])  # doctest: +SKIP
+    """
+    from tfdp_utils._tf import IS_KERAS3, tf
+
+    base = os.fspath(backup_dir)
+    strategy = strategy or tf.distribute.get_strategy()
+    resolver = getattr(strategy, "cluster_resolver", None)
+    extended = getattr(strategy, "extended", None)
+    workers = int(getattr(extended, "_num_workers", 1) or 1)
+    if not IS_KERAS3 or resolver is None or workers <= 1:
+        return base
+    rank = int(resolver.task_id)
+    if resolver.task_type == "worker" and "chief" in resolver.cluster_spec().as_dict():
+        rank += 1
+    return base.rstrip("/") + f"/worker_{rank}"
+
+
 __all__ = [
     "COLLECTIVE_TIMEOUT_VARIABLE",
     "DEFAULT_COLLECTIVE_TIMEOUT",
     "CollectiveWatchdog",
     "resolve_collective_timeout",
+    "worker_backup_dir",
 ]

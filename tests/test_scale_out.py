@@ -1,0 +1,244 @@
+"""Scale-out with real localhost processes: SLURM srun variables, TF_CONFIG with chief, worker
+and evaluator, a worker that dies or hangs mid-fit, and preemption with BackupAndRestore.
+
+Every launch has a hard deadline (``wait_all``) and kills what is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+
+import pytest
+from conftest import free_port, start_python, wait_all
+
+pytestmark = [pytest.mark.slow, pytest.mark.keras]
+
+# One user script for every launcher: auto_strategy + the dataset builder + Keras fit.
+TRAIN = r"""
+import json, os, signal, sys, time
+import numpy as np
+import tfdp_utils as tdu
+from tfdp_utils._tf import tf, keras
+
+bound = float(os.environ.get("CT", tdu.faults.DEFAULT_COLLECTIVE_TIMEOUT))
+strategy = tdu.auto_strategy(cluster_timeout=60, collective_timeout=bound)
+choice = tdu.strategy.explain(strategy)
+if tdu.cluster_task_type() == "evaluator":
+    print("RESULT " + json.dumps({"kind": choice.kind, "reason": choice.reason,
+                                  "replicas": strategy.num_replicas_in_sync}), flush=True)
+    sys.exit(0)
+rank = int(strategy.cluster_resolver.task_id) if choice.kind == "multi_worker" else 0
+# 32 examples = one pass per 4-step epoch, so a resumed epoch sees what the original saw.
+x = np.random.RandomState(0).rand(32, 4).astype("float32")
+y = (x @ np.arange(1, 5, dtype="float32"))[:, None]
+dist = tdu.build_distributed_dataset((x, y), strategy=strategy, global_batch_size=8, repeat=True)
+keras.utils.set_random_seed(1)
+with strategy.scope():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(0.05), "mse")
+
+mode = os.environ.get("MODE", "train")
+victim = int(os.environ.get("VICTIM", "1"))
+at = int(os.environ.get("AT", "-1"))
+losses = []
+
+class Script(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        losses.append(float(logs["loss"]))
+        step = int(self.model.optimizer.iterations.numpy())
+        if step == at and (mode == "preempt" or rank == victim):
+            print(f"{mode.upper()} {time.time()}", flush=True)
+            if mode in ("die", "preempt"):
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(600)  # mode == "hang": alive, heartbeating, never joins the next step
+
+callbacks = [Script()]
+if os.environ.get("BACKUP"):
+    backup = tdu.worker_backup_dir(os.environ["BACKUP"], strategy)
+    callbacks.insert(0, keras.callbacks.BackupAndRestore(backup))
+try:
+    model.fit(dist, epochs=int(os.environ.get("EPOCHS", "2")),
+              steps_per_epoch=int(os.environ.get("STEPS", "4")), callbacks=callbacks, verbose=0)
+except Exception as exc:
+    print("FAILED " + json.dumps({"time": time.time(), "type": type(exc).__name__,
+                                  "message": str(exc)[:3000]}), flush=True)
+    sys.exit(3)
+weights = [w.tolist() for w in model.get_weights()]
+print("RESULT " + json.dumps({"kind": choice.kind, "replicas": strategy.num_replicas_in_sync,
+                              "losses": losses, "weights": weights,
+                              "iterations": int(model.optimizer.iterations.numpy())}), flush=True)
+"""
+
+
+def _line(out: str, tag: str) -> dict:
+    for line in out.splitlines():
+        if line.startswith(tag + " "):
+            return json.loads(line[len(tag) + 1 :])
+    raise AssertionError(f"no {tag} line in output:\n{out[-3000:]}")
+
+
+def _stamp(out: str, tag: str) -> float:
+    for line in out.splitlines():
+        if line.startswith(tag + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"no {tag} line in output:\n{out[-3000:]}")
+
+
+def _tf_config(cluster: dict, task_type: str, index: int) -> str:
+    return json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}})
+
+
+def _two_free_ports() -> int:
+    """A port p such that p and p + 1 are both free on 127.0.0.1 (a SLURM port base)."""
+    for _ in range(50):
+        base = free_port()
+        try:
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", base + 1))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError("found no two consecutive free ports")
+
+
+def _workers(n: int, **env: str) -> list[dict[str, str]]:
+    ports = [free_port() for _ in range(n)]
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    return [{"TF_CONFIG": _tf_config(cluster, "worker", i), **env} for i in range(n)]
+
+
+def _assert_same_training(results: list[tuple[int, str, str]], steps: int) -> list[dict]:
+    data = []
+    for rc, out, err in results:
+        assert rc == 0, err[-3000:]
+        data.append(_line(out, "RESULT"))
+    first = data[0]
+    assert first["kind"] == "multi_worker" and first["replicas"] == 2
+    assert len(first["losses"]) == steps and first["iterations"] == steps
+    # Synchronous data parallelism: every worker ends with the very same weights...
+    for other in data[1:]:
+        assert other["weights"] == first["weights"]
+        assert other["iterations"] == first["iterations"]
+    # ...and they trained: the loss fell.
+    assert first["losses"][-1] < first["losses"][0]
+    return data
+
+
+def test_slurm_srun_tasks_train_in_step():
+    base = _two_free_ports()
+    common = {
+        "SLURM_STEP_NUM_TASKS": "2",
+        "SLURM_NTASKS": "2",
+        "SLURM_STEP_NODELIST": "127.0.0.1",
+        "SLURM_STEP_TASKS_PER_NODE": "2",
+        "SLURM_JOB_ID": "4242",
+        "TFDP_SLURM_PORT_BASE": str(base),
+        "EPOCHS": "2",
+        "STEPS": "4",
+    }
+    processes = [
+        start_python(TRAIN, env={**common, "SLURM_PROCID": str(i), "SLURM_LOCALID": str(i)})
+        for i in range(2)
+    ]
+    data = _assert_same_training(wait_all(processes, timeout=150), steps=8)
+    # srun's tasks see the same loss sequence: each logged loss is the global one.
+    assert data[0]["losses"] == data[1]["losses"]
+
+
+def test_tf_config_chief_worker_train_and_evaluator_trains_nothing():
+    ports = [free_port() for _ in range(3)]
+    cluster = {"chief": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{ports[1]}"]}
+    evaluator = {"evaluator": [f"127.0.0.1:{ports[2]}"], **cluster}
+    envs = [
+        {"TF_CONFIG": _tf_config(cluster, "chief", 0)},
+        {"TF_CONFIG": _tf_config(cluster, "worker", 0)},
+        {"TF_CONFIG": _tf_config(evaluator, "evaluator", 0)},
+    ]
+    processes = [start_python(TRAIN, env=env) for env in envs]
+    results = wait_all(processes, timeout=150)
+    _assert_same_training(results[:2], steps=8)
+    rc, out, err = results[2]
+    assert rc == 0, err[-3000:]
+    report = _line(out, "RESULT")
+    assert report["kind"] == "one_device"
+    assert "evaluator task trains nothing" in report["reason"]
+
+
+def test_killed_worker_ends_the_survivor_with_an_error_within_the_bound():
+    bound = 20.0
+    envs = _workers(2, MODE="die", VICTIM="1", AT="3", CT=str(bound), EPOCHS="1", STEPS="1000")
+    processes = [start_python(TRAIN, env=env) for env in envs]
+    results = wait_all(processes, timeout=150)
+    (rc0, out0, err0), (rc1, out1, _) = results
+    assert rc1 == -signal.SIGKILL
+    died = _stamp(out1, "DIE")
+    assert rc0 == 3, err0[-3000:]
+    failure = _line(out0, "FAILED")
+    # TensorFlow reports the dead peer itself (socket reset / missed heartbeats), well
+    # inside the bound.
+    assert failure["type"] in ("UnavailableError", "DeadlineExceededError", "AbortedError")
+    assert 0 <= failure["time"] - died < bound
+
+
+def test_hung_worker_ends_the_survivor_with_the_collective_timeout_error():
+    bound = 8.0
+    envs = _workers(2, MODE="hang", VICTIM="1", AT="3", CT=str(bound), EPOCHS="1", STEPS="1000")
+    processes = [start_python(TRAIN, env=env) for env in envs]
+    try:
+        [(rc0, out0, err0)] = wait_all(processes[:1], timeout=150)
+    finally:
+        processes[1].kill()
+        victim_out, _ = processes[1].communicate(timeout=30)
+    hung = _stamp(victim_out, "HANG")
+    assert rc0 == 3, err0[-3000:]
+    failure = _line(out0, "FAILED")
+    assert failure["type"] == "DeadlineExceededError"
+    assert f"collective_timeout={bound:g} s" in failure["message"]
+    assert "TFDP_COLLECTIVE_TIMEOUT" in failure["message"]
+    waited = failure["time"] - hung
+    # The survivor was already inside the next step when the peer stopped; the watchdog
+    # samples once a second.
+    assert bound - 1.5 <= waited < bound + 5
+
+
+def test_backup_and_restore_resumes_a_preempted_job_to_the_same_weights(tmp_path):
+    epochs, steps = 3, 4
+    reference = wait_all(
+        [start_python(TRAIN, env=env) for env in _workers(2, EPOCHS=str(epochs), STEPS=str(steps))],
+        timeout=150,
+    )
+    expected = _assert_same_training(reference, steps=epochs * steps)[0]
+
+    backup = str(tmp_path / "backup")
+    # The whole job is preempted in epoch 2 (both tasks killed at step 6)...
+    preempted = wait_all(
+        [
+            start_python(TRAIN, env=env)
+            for env in _workers(
+                2, EPOCHS=str(epochs), STEPS=str(steps), BACKUP=backup, MODE="preempt", AT="6"
+            )
+        ],
+        timeout=150,
+    )
+    assert [rc for rc, _, _ in preempted] == [-signal.SIGKILL] * 2
+    assert os.listdir(backup)
+    # ...and restarted with the same command on new ports.
+    resumed = wait_all(
+        [
+            start_python(TRAIN, env=env)
+            for env in _workers(2, EPOCHS=str(epochs), STEPS=str(steps), BACKUP=backup)
+        ],
+        timeout=150,
+    )
+    data = []
+    for rc, out, err in resumed:
+        assert rc == 0, err[-3000:]
+        data.append(_line(out, "RESULT"))
+    for result in data:
+        # Only the unfinished epoch ran again (epoch 1 was backed up at its end).
+        assert len(result["losses"]) == (epochs - 1) * steps
+        assert result["iterations"] == epochs * steps
+        assert result["weights"] == expected["weights"]
