@@ -17,8 +17,8 @@ DOCS = REPO / "docs"
 PAGES = sorted(p.name for p in DOCS.glob("*.md"))
 FENCE = re.compile(r"^```python[^\n]*\n(.*?)^```", re.S | re.M)
 
-# Runs every page's Python blocks in one fresh process with 2 logical CPUs (so the examples show
-# data parallelism), each page in its own namespace and working directory, blocks of a page in order.
+# Runs every page's Python blocks in one fresh process with 2 logical CPUs (so examples show
+# data parallelism), each page in its own namespace and folder, its blocks in order.
 RUNNER = r"""
 import contextlib, io, json, os, sys, tempfile, traceback
 import tensorflow as tf
