@@ -19,7 +19,13 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from tensorboard.compat.proto import event_pb2, summary_pb2
+from tensorboard.compat.proto import (
+    event_pb2,
+    summary_pb2,
+    tensor_pb2,
+    tensor_shape_pb2,
+    types_pb2,
+)
 from tensorboard.plugins.scalar import summary_v2 as scalar_summary
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
@@ -43,6 +49,7 @@ def worker_run(worker_index: int) -> str:
 
 
 _Callback: Any = keras.callbacks.Callback
+_UNBOUNDED = 2**62
 
 
 def _positive_int(name: str, value: Any, hint: str) -> int:
@@ -236,6 +243,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         self._supports_tf_logs = True
         self._lock = threading.Lock()
         self._writers: dict[str, Any] = {}
+        self._metadata: dict[tuple[str, str], Any] = {}
         self._carried: tuple[int, ...] | None = None
         self._summary: dict[str, Any] = {}
         self._reset_fit_state()
@@ -263,7 +271,8 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         self._in_fit = False
         self._origin = 0
         self._epoch_base = 0
-        self._next_check = 0
+        self._next_check = _UNBOUNDED  # no log point before on_train_begin sets one
+        self._steps_in_epoch = _UNBOUNDED
         self._counted_step = 0
         self._counts: list[int] = []
         self._excluded = 0.0
@@ -331,22 +340,18 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         self._write_counts(self._origin)
 
     def on_epoch_begin(self, epoch: int, logs: Mapping[str, Any] | None = None) -> None:
-        self._steps_in_epoch = (getattr(self, "params", None) or {}).get("steps")
+        steps = (getattr(self, "params", None) or {}).get("steps")
+        self._steps_in_epoch = int(steps) if steps else _UNBOUNDED
 
     def on_train_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
-        if not self._in_fit:
-            return
-        done = int(batch) + 1
-        steps = getattr(self, "_steps_in_epoch", None)
-        if steps:
-            # keras 3 rounds the last batch index of an epoch up to a multiple of
-            # steps_per_execution.
-            done = min(done, int(steps))
-        estimate = self._epoch_base + done
-        if estimate < self._next_check:
+        # Runs every step (off the training thread on Keras 3): integers only until a log point.
+        # Keras 3 rounds the last batch index of an epoch up to a multiple of
+        # steps_per_execution, hence the clamp to the epoch's length.
+        estimate = self._epoch_base + min(batch + 1, self._steps_in_epoch)
+        if estimate < self._next_check or not self._in_fit:
             return
         with self._lock:
-            if estimate < self._next_check:
+            if estimate < self._next_check or not self._in_fit:
                 return
             self._log_point(estimate)
 
@@ -531,7 +536,26 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         writer = self._writers.get(run)
         if writer is None:
             return
-        summary = scalar_summary.scalar_pb(tag, float(value), description=description)
+        key = (tag, description)
+        metadata = self._metadata.get(key)
+        if metadata is None:
+            # What tf.summary.scalar writes: a float32 scalar tensor with the scalars
+            # plugin's metadata; built once per tag and reused.
+            metadata = scalar_summary.scalar_pb(tag, 0.0, description=description).value[0].metadata
+            self._metadata[key] = metadata
+        summary = summary_pb2.Summary(
+            value=[
+                summary_pb2.Summary.Value(
+                    tag=tag,
+                    metadata=metadata,
+                    tensor=tensor_pb2.TensorProto(
+                        dtype=types_pb2.DT_FLOAT,
+                        tensor_shape=tensor_shape_pb2.TensorShapeProto(),
+                        float_val=[float(value)],
+                    ),
+                )
+            ]
+        )
         writer.add_event(event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary))
 
     def _write_counts(self, step: int) -> None:
