@@ -25,6 +25,7 @@ from tfdp_utils.data import (
     epoch_layout,
     file_imbalance,
     plan_sharding,
+    split_evenly,
     split_examples,
 )
 
@@ -578,3 +579,162 @@ def test_exported() -> None:
     assert tdu.build_distributed_dataset is build_distributed_dataset
     assert tdu.plan_sharding is plan_sharding
     assert tdu.ShardingPlan.__name__ == "ShardingPlan"
+
+
+# ------------------------------------------- the last partial step, split over the replicas
+
+
+def test_split_evenly() -> None:
+    assert split_evenly(28, 2) == (14, 14)
+    assert split_evenly(29, 2) == (15, 14)
+    assert split_evenly(5, 4) == (2, 1, 1, 1)
+    assert split_evenly(2, 3) == (1, 1, 0)
+    assert split_evenly(0, 2) == (0, 0)
+
+
+def test_epoch_layout_splits_each_workers_last_step_evenly() -> None:
+    layout = epoch_layout([1500], 32, 2)
+    assert (layout.steps, layout.full_steps, layout.tail) == (24, 23, ((14, 14),))
+    assert epoch_layout([1500], 32, 2, split_last_step=False).tail == ((28, 0),)
+    assert epoch_layout([93], 32, 2).tail == ((15, 14),)
+    assert epoch_layout([69], 16, 4).tail == ((2, 1, 1, 1),)
+    # Two workers of two replicas: each worker splits its own last step.
+    assert epoch_layout([13, 12], 4, 2).tail == ((3, 2, 2, 2),)
+    assert epoch_layout([17, 16], 4, 2).tail == ((1, 0, 0, 0),)
+    # A worker that runs out a step early gets empty batches in the last step.
+    assert epoch_layout([24, 23], 4, 2).tail == ((4, 4, 4, 3),)
+    assert epoch_layout([25, 23], 4, 2).tail == ((4, 4, 4, 3), (1, 0, 0, 0))
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+@pytest.mark.parametrize("local", [1, 2, 4])
+def test_data_sharding_last_step_leaves_a_replica_empty_only_when_it_must(
+    workers: int, local: int
+) -> None:
+    batch = 3
+    global_size = batch * local * workers
+    for n in range(1, 4 * global_size):
+        layout = epoch_layout(split_examples(n, workers), batch, local)
+        for row in layout.tail:
+            total = sum(row)
+            assert max(row) - min(row) <= 1, (n, row)
+            if min(row) == 0:
+                assert total < workers * local, (n, row)
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
+@pytest.mark.parametrize("n", [1500, 64 + 29, 64 + 2])
+def test_last_step_is_split_evenly_over_the_replicas(
+    replicas: int, n: int, logical_cpus: int
+) -> None:
+    assert replicas <= logical_cpus
+    strategy = _mirrored(replicas)
+    dist = build_distributed_dataset(
+        {"id": np.arange(n)},
+        strategy=strategy,
+        global_batch_size=64,
+        shuffle_buffer_size=256,
+        seed=5,
+    )
+    per_step, ids = _run_epoch(dist, strategy)
+    assert sorted(i for r in ids for i in r) == list(range(n))
+    per_replica = 64 // replicas
+    full_steps = n // 64
+    assert per_step[:full_steps] == [[per_replica] * replicas] * full_steps
+    (last_step,) = per_step[full_steps:]
+    remainder = n % 64
+    assert sum(last_step) == remainder
+    assert max(last_step) - min(last_step) <= 1, last_step
+    assert sorted(last_step, reverse=True) == last_step
+    if min(last_step) == 0:
+        assert remainder < replicas
+    info = dist.tfdp_info
+    assert info.full_steps == full_steps
+    assert [list(row) for row in info.tail] == [last_step]
+    assert list(info.examples_in_steps(0, len(per_step))) == [len(r) for r in ids]
+
+
+def test_last_step_split_with_tuples_files_and_repeated_epochs(tmp_path: Path) -> None:
+    strategy = _mirrored(4)
+    paths = _write_text_files(tmp_path, [31, 9, 14])  # 54 = 3 steps of 16 + 6
+    dist = build_distributed_dataset(
+        paths,
+        strategy=strategy,
+        global_batch_size=16,
+        reader=tf.data.TextLineDataset,
+        map_fn=lambda line: (_parse_line(line)["id"], tf.strings.length(line)),
+        count_examples=True,
+        repeat="epochs",
+        shuffle_buffer_size=8,
+    )
+    info = dist.tfdp_info
+    assert info.tail == ((2, 2, 1, 1),)
+    iterator = iter(dist)
+    for _ in range(2):
+        seen: list[int] = []
+        for step in range(info.steps_per_epoch):
+            ids, _lengths = next(iterator)
+            values = strategy.experimental_local_results(ids)
+            assert tuple(int(v.shape[0]) for v in values) == info.examples_in_step(step)
+            for value in values:
+                seen.extend(value.numpy().tolist())
+        assert sorted(seen) == list(range(54))
+
+
+def test_unknown_size_still_splits_the_last_step() -> None:
+    def gen() -> Any:
+        yield from range(93)
+
+    source = tf.data.Dataset.from_generator(gen, output_signature=tf.TensorSpec([], tf.int64))
+    strategy = _mirrored(2)
+    dist = build_distributed_dataset(source, strategy=strategy, global_batch_size=64)
+    per_step, ids = _run_epoch(dist, strategy, key="")
+    assert per_step == [[32, 32], [15, 14]]
+    assert sorted(i for r in ids for i in r) == list(range(93))
+    assert dist.tfdp_info.steps_per_epoch is None and dist.tfdp_info.tail == ()
+
+
+def test_sparse_elements_fill_replicas_in_order_and_info_says_so() -> None:
+    n = 64 + 28
+    sparse = tf.sparse.from_dense(np.eye(n, 3, dtype="float32"))
+    source = tf.data.Dataset.from_tensor_slices({"id": np.arange(n), "s": sparse})
+    strategy = _mirrored(2)
+    dist = build_distributed_dataset(source, strategy=strategy, global_batch_size=64)
+    per_step, ids = _run_epoch(dist, strategy)
+    assert per_step == [[32, 32], [28, 0]]
+    assert sorted(i for r in ids for i in r) == list(range(n))
+    assert [list(row) for row in dist.tfdp_info.tail] == per_step[1:]
+
+
+@pytest.mark.keras
+def test_conv_model_trains_on_a_partial_last_step() -> None:
+    from tfdp_utils._tf import IS_KERAS3, keras
+
+    # 92 = 64 + 28: tf.data's own split of the last step is [28, 0] and Conv2D on CPU
+    # (oneDNN) fails on the empty batch; the builder gives [14, 14].
+    strategy = _mirrored(2)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(92, 8, 8, 1)).astype("float32")
+    y = rng.integers(0, 3, size=(92,)).astype("int64")
+    dist = build_distributed_dataset(
+        (x, y), strategy=strategy, global_batch_size=64, repeat=False if IS_KERAS3 else "epochs"
+    )
+    assert dist.tfdp_info.tail == ((14, 14),)
+    with strategy.scope():
+        model = keras.Sequential(
+            [
+                keras.Input((8, 8, 1)),
+                keras.layers.Conv2D(4, 3, activation="relu"),
+                keras.layers.Conv2D(8, 3),
+                keras.layers.GlobalAveragePooling2D(),
+                keras.layers.Dense(3),
+            ]
+        )
+        model.compile(
+            optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        )
+    steps = None if IS_KERAS3 else dist.tfdp_info.steps_per_epoch
+    history = model.fit(dist, epochs=2, steps_per_epoch=steps, verbose=0)
+    assert len(history.history["loss"]) == 2
+    assert all(np.isfinite(history.history["loss"]))
+    assert int(model.optimizer.iterations.numpy()) == 4

@@ -312,44 +312,65 @@ class EpochLayout:
     dropped: int
 
 
+def split_evenly(examples: int, parts: int) -> tuple[int, ...]:
+    """``examples`` split into ``parts`` counts that differ by at most one, larger first. Pure.
+
+    >>> split_evenly(29, 2)
+    (15, 14)
+    """
+    return tuple(
+        examples // parts + (1 if index < examples % parts else 0) for index in range(parts)
+    )
+
+
 def epoch_layout(
     examples_per_worker: Sequence[int],
     per_replica_batch_size: int,
     replicas_per_worker: int,
     *,
     drop_remainder: bool = False,
+    split_last_step: bool = True,
 ) -> EpochLayout:
     """Per-step, per-replica example counts of one epoch. Pure.
 
-    Each worker batches its own examples by ``per_replica_batch_size``; its local replicas
-    take consecutive batches (replica ``r`` gets batch ``step * replicas_per_worker + r``).
-    Every worker runs as many steps as the busiest one; a replica with no batch left gets an
-    empty one. With ``drop_remainder=True`` every worker keeps only the full steps that all
-    workers can fill.
+    Each worker fills steps of ``per_replica_batch_size * replicas_per_worker`` examples from
+    its own share. With ``split_last_step`` (what the builder does for dense elements), the
+    worker's last, partial step is split as evenly as possible over its local replicas
+    (28 over 2 -> 14 + 14), so a replica is left empty only when the worker has fewer
+    examples left than replicas. Without it, local replicas take consecutive batches of
+    ``per_replica_batch_size`` (28 over 2 replicas of 32 -> 28 + 0). Every worker runs as
+    many steps as the busiest one; a worker with no examples left gets empty batches. With
+    ``drop_remainder=True`` every worker keeps only the full steps that all workers can fill.
 
     Args:
         examples_per_worker: examples each worker holds, by worker index.
         per_replica_batch_size: examples per replica in a full step.
         replicas_per_worker: replicas on each worker.
         drop_remainder: drop what does not fill a step on every replica. Defaults to `False`.
+        split_last_step: split each worker's partial last step evenly over its replicas.
+            Defaults to `True`.
 
     Returns:
         An :class:`EpochLayout`.
     """
     batch, local = per_replica_batch_size, replicas_per_worker
+    per_step_examples = batch * local
     total = sum(examples_per_worker)
     if drop_remainder:
-        steps = min(n // (batch * local) for n in examples_per_worker) if examples_per_worker else 0
-        examples = steps * batch * local * len(examples_per_worker)
+        steps = min((n // per_step_examples for n in examples_per_worker), default=0)
+        examples = steps * per_step_examples * len(examples_per_worker)
         return EpochLayout(steps, steps, (), examples, total - examples)
-    steps = max((math.ceil(math.ceil(n / batch) / local) for n in examples_per_worker), default=0)
+    steps = max((math.ceil(n / per_step_examples) for n in examples_per_worker), default=0)
     per_step: list[tuple[int, ...]] = []
     for step in range(steps):
         row: list[int] = []
         for n in examples_per_worker:
+            left = max(0, n - step * per_step_examples)
+            if split_last_step and left < per_step_examples:
+                row.extend(split_evenly(left, local))
+                continue
             for replica in range(local):
-                start = (step * local + replica) * batch
-                row.append(max(0, min(batch, n - start)))
+                row.append(max(0, min(batch, left - replica * batch)))
         per_step.append(tuple(row))
     full = (batch,) * (local * len(examples_per_worker))
     full_steps = 0
@@ -867,14 +888,35 @@ def _per_worker_dataset(recipe: _Recipe, source: Any, context: Any) -> Any:
         )
     if recipe.take_per_worker is not None and (aligned or not recipe.repeat):
         dataset = dataset.take(recipe.take_per_worker)
-    dataset = dataset.batch(recipe.per_replica_batch_size, drop_remainder=recipe.drop_remainder)
+    local = recipe.replicas_per_worker
+    split = _splits_last_step(
+        local,
+        drop_remainder=recipe.drop_remainder,
+        repeat_by_example=recipe.repeat and not aligned,
+        element_spec=dataset.element_spec,
+    )
+    # With the split, batch whole steps of the worker (all its replicas) first; each step is
+    # cut into one batch per replica below, the last one as evenly as possible.
+    batch_size = recipe.per_replica_batch_size * (local if split else 1)
+    dataset = dataset.batch(batch_size, drop_remainder=recipe.drop_remainder)
     if aligned:
         assert recipe.epoch_batches is not None and recipe.epoch_steps is not None
-        pad = recipe.epoch_steps * recipe.replicas_per_worker - recipe.epoch_batches[index]
+        # Pad in the unit batched above: whole steps with the split, replica batches without.
+        held = recipe.epoch_batches[index]
+        pad = recipe.epoch_steps - held // local if split else recipe.epoch_steps * local - held
         if pad > 0:
             empty = tf.data.Dataset.from_tensors(_empty_batch(dataset.element_spec))
             dataset = dataset.concatenate(empty.repeat(pad))
         dataset = dataset.repeat()
+    if split:
+        # In order (a reordered step would mix the partial step into full ones). The identity
+        # map after unbatch turns its rows (RaggedTensorSpec of ragged_rank 0) back into dense
+        # TensorSpecs, which the distributed iterator and tf.function loops expect.
+        dataset = (
+            dataset.map(_step_splitter(local), num_parallel_calls=autotune, deterministic=True)
+            .unbatch()
+            .map(_identity)
+        )
     if recipe.prefetch:
         dataset = dataset.prefetch(autotune)
     options = tf.data.Options()
@@ -887,6 +929,47 @@ def _per_worker_dataset(recipe: _Recipe, source: Any, context: Any) -> Any:
         # worker, including in the source's own parallel transformations.
         options.deterministic = True
     return dataset.with_options(options)
+
+
+def _splits_last_step(
+    replicas_per_worker: int, *, drop_remainder: bool, repeat_by_example: bool, element_spec: Any
+) -> bool:
+    """Whether the pipeline cuts whole steps into replica batches (see :func:`epoch_layout`).
+
+    Only for several replicas per worker, dense elements (a step is cut by row lengths, which
+    sparse elements do not take) and epochs that can end in a partial step. The builder asks
+    with the mapped elements when it computes the counts, the pipeline with the same ones.
+    """
+    if replicas_per_worker < 2 or drop_remainder or repeat_by_example:
+        return False
+    return _dense_only(element_spec)
+
+
+def _step_splitter(replicas: int) -> Callable[[Any], Any]:
+    """``step -> ragged [replicas, None, ...]`` cut as evenly as possible, larger parts first.
+
+    A full step becomes ``replicas`` batches of ``per_replica_batch_size``; a partial one of
+    ``n`` examples becomes ``n // replicas`` or one more each (28 -> 14 + 14), where tf.data's
+    own rebatching would give 28 + 0. Empty per-replica batches crash some kernels, e.g.
+    Conv2D on CPU with oneDNN ("input depth must be evenly divisible by filter depth").
+    """
+    tf = _tf()
+
+    def split(*parts: Any) -> Any:
+        # tf.data passes the components of a tuple element as separate arguments.
+        step = parts[0] if len(parts) == 1 else parts
+        size = tf.shape(tf.nest.flatten(step)[0], out_type=tf.int64)[0]
+        replica = tf.range(replicas, dtype=tf.int64)
+        lengths = size // replicas + tf.cast(replica < size % replicas, tf.int64)
+        return tf.nest.map_structure(
+            lambda t: tf.RaggedTensor.from_row_lengths(t, lengths, validate=False), step
+        )
+
+    return split
+
+
+def _identity(*element: Any) -> Any:
+    return element[0] if len(element) == 1 else element
 
 
 def _dense_only(element_spec: Any) -> bool:
@@ -938,6 +1021,7 @@ def _global_dataset(recipe: _Recipe, source: Any) -> Any:
 
 _RECORDING_CLASSES: dict[type, type] = {}
 _UNKNOWN_CARDINALITY = -2  # tf.data.UNKNOWN_CARDINALITY
+_INFINITE_CARDINALITY = -1  # tf.data.INFINITE_CARDINALITY
 
 
 def _steps_cardinality(fget: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -953,8 +1037,10 @@ def _steps_cardinality(fget: Callable[[Any], Any]) -> Callable[[Any], Any]:
     def cardinality(self: Any) -> Any:
         value = fget(self)
         info = getattr(self, "tfdp_info", None)
-        if not isinstance(info, DatasetInfo) or int(value) < 0:
+        if not isinstance(info, DatasetInfo) or int(value) == _INFINITE_CARDINALITY:
             return value
+        # Known counts give the steps even where TensorFlow cannot tell (a step cut into
+        # replica batches by unbatch has unknown cardinality).
         if info.steps_per_epoch is not None and not info.repeat:
             return type(value)(info.steps_per_epoch)
         return type(value)(_UNKNOWN_CARDINALITY)
@@ -1187,6 +1273,30 @@ def build_distributed_dataset(
                 idle,
             )
 
+    if repeat not in (False, True, "epochs"):
+        raise ValueError(
+            f"repeat={repeat!r} is not supported; expected False, True (repeat examples) or "
+            "'epochs' (repeat whole epochs, padded to equal steps)."
+        )
+    known = plan.examples_per_worker is not None
+    # The elements as batched (after map_fn), to know how the pipeline will cut steps.
+    mapped = None
+    if (
+        known
+        and kind != "function"
+        and (repeat == "epochs" or (replicas_per_worker > 1 and not drop_remainder))
+    ):
+        mapped = element_spec
+        if map_fn is not None:
+            read = _reader_dataset(reader, facts.files[0]) if kind == "files" else source
+            mapped = read.map(map_fn).element_spec
+    aligned = repeat == "epochs" and mapped is not None and _dense_only(mapped)
+    split = mapped is not None and _splits_last_step(
+        replicas_per_worker,
+        drop_remainder=drop_remainder,
+        repeat_by_example=bool(repeat) and not aligned,
+        element_spec=mapped,
+    )
     layout = None
     if plan.examples_per_worker is not None:
         layout = epoch_layout(
@@ -1194,6 +1304,7 @@ def build_distributed_dataset(
             per_replica,
             replicas_per_worker,
             drop_remainder=drop_remainder,
+            split_last_step=split,
         )
     take = None
     if drop_remainder:
@@ -1216,25 +1327,21 @@ def build_distributed_dataset(
             )
 
     epoch_batches = None
-    if repeat not in (False, True, "epochs"):
-        raise ValueError(
-            f"repeat={repeat!r} is not supported; expected False, True (repeat examples) or "
-            "'epochs' (repeat whole epochs, padded to equal steps)."
-        )
     if repeat == "epochs" and (layout is None or plan.examples_per_worker is None):
         logger.info(
             "tfdp_utils: repeat='epochs' needs the number of examples, which is unknown for "
             "this source; repeating example by example instead (every step full)."
         )
     if repeat == "epochs" and layout is not None and plan.examples_per_worker is not None:
-        mapped = element_spec
-        if map_fn is not None:
-            read = _reader_dataset(reader, facts.files[0]) if kind == "files" else source
-            mapped = read.map(map_fn).element_spec
-        if mapped is not None and _dense_only(mapped):
-            local_batches = layout.steps * replicas_per_worker
+        if aligned:
+            # Per-replica batches each worker holds per epoch, as the pipeline makes them.
+            step_size = per_replica * replicas_per_worker
             epoch_batches = tuple(
-                local_batches if drop_remainder else math.ceil(n / per_replica)
+                layout.steps * replicas_per_worker
+                if drop_remainder
+                else replicas_per_worker * math.ceil(n / step_size)
+                if split
+                else math.ceil(n / per_replica)
                 for n in plan.examples_per_worker
             )
         else:
@@ -1313,6 +1420,7 @@ __all__ = [
     "file_imbalance",
     "plan_sharding",
     "resolve_files",
+    "split_evenly",
     "split_examples",
     "worker_position",
 ]
