@@ -738,3 +738,76 @@ def test_conv_model_trains_on_a_partial_last_step() -> None:
     assert len(history.history["loss"]) == 2
     assert all(np.isfinite(history.history["loss"]))
     assert int(model.optimizer.iterations.numpy()) == 4
+
+
+# ------------------------------------- strategy=None outside a scope after auto_strategy()
+
+
+@pytest.fixture
+def no_recorded_strategy(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dataset_info, "_strategy_ref", None)
+
+
+def _default_strategy_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING and "default strategy" in r.getMessage()
+    ]
+
+
+@pytest.mark.usefixtures("no_recorded_strategy")
+def test_strategy_none_outside_a_scope_warns_when_auto_strategy_built_replicas(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    strategy = _mirrored(2)
+    dataset_info.record_strategy(strategy)
+    assert dataset_info.last_strategy() is strategy
+    with caplog.at_level(logging.WARNING, logger="tfdp_utils"):
+        dist = build_distributed_dataset(np.arange(8), global_batch_size=4)
+    (message,) = _default_strategy_warnings(caplog)
+    assert "build_distributed_dataset(strategy=None) outside any strategy scope" in message
+    assert "auto_strategy() built MirroredStrategy with 2 replicas" in message
+    assert "Pass strategy=strategy" in message and "with strategy.scope():" in message
+    # The documented rule still holds: the default strategy, one replica.
+    assert dist.tfdp_info.num_replicas_in_sync == 1
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="tfdp_utils"):
+        with strategy.scope():
+            scoped = build_distributed_dataset(np.arange(8), global_batch_size=4)
+        passed = build_distributed_dataset(np.arange(8), strategy=strategy, global_batch_size=4)
+        plan_sharding(np.arange(8), num_workers=2)
+    assert _default_strategy_warnings(caplog) == []
+    assert scoped.tfdp_info.num_replicas_in_sync == passed.tfdp_info.num_replicas_in_sync == 2
+
+    with caplog.at_level(logging.WARNING, logger="tfdp_utils"):
+        plan_sharding(np.arange(8))
+    (message,) = _default_strategy_warnings(caplog)
+    assert message.startswith("tfdp_utils: plan_sharding(strategy=None)")
+
+
+@pytest.mark.usefixtures("no_recorded_strategy")
+def test_strategy_none_does_not_warn_without_a_multi_replica_strategy(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="tfdp_utils"):
+        build_distributed_dataset(np.arange(8), global_batch_size=4)
+        dataset_info.record_strategy(tf.distribute.OneDeviceStrategy("/cpu:0"))
+        build_distributed_dataset(np.arange(8), global_batch_size=4)
+    assert _default_strategy_warnings(caplog) == []
+
+
+@pytest.mark.usefixtures("no_recorded_strategy")
+def test_recorded_strategy_is_not_kept_alive() -> None:
+    import gc
+
+    class Strategy:
+        num_replicas_in_sync = 2
+
+    strategy = Strategy()
+    dataset_info.record_strategy(strategy)
+    assert dataset_info.last_strategy() is strategy
+    del strategy
+    gc.collect()
+    assert dataset_info.last_strategy() is None

@@ -525,8 +525,31 @@ def _batched_by(dataset: Any) -> str | None:
     return None
 
 
-def _strategy_or_default(strategy: Any) -> Any:
-    return strategy if strategy is not None else _tf().distribute.get_strategy()
+def _strategy_or_default(strategy: Any, caller: str | None = "build_distributed_dataset") -> Any:
+    """``strategy``, or the strategy in scope; warns when that is the default one by mistake.
+
+    ``caller`` names the function in the warning; None does not warn.
+    """
+    if strategy is not None:
+        return strategy
+    tf = _tf()
+    resolved = tf.distribute.get_strategy()
+    if caller is None or tf.distribute.has_strategy():
+        return resolved
+    built = dataset_info.last_strategy()
+    replicas = int(getattr(built, "num_replicas_in_sync", 1)) if built is not None else 1
+    if replicas > 1:
+        logger.warning(
+            "tfdp_utils: %s(strategy=None) outside any strategy scope uses TensorFlow's "
+            "default strategy (1 replica), but auto_strategy() built %s with %d replicas in "
+            "this process: the data will not be split over those replicas. Pass "
+            "strategy=strategy, or call %s inside `with strategy.scope():`.",
+            caller,
+            type(built).__name__,
+            replicas,
+            caller,
+        )
+    return resolved
 
 
 def worker_position(strategy: Any) -> tuple[int, int]:
@@ -685,8 +708,10 @@ def plan_sharding(
 
     Args:
         source: what :func:`build_distributed_dataset` accepts.
-        strategy: the ``tf.distribute.Strategy`` that will train. Defaults to `None` (the
-            strategy in scope).
+        strategy: the ``tf.distribute.Strategy`` that will train. Defaults to `None`
+            (``tf.distribute.get_strategy()``: the strategy in scope; outside any scope
+            TensorFlow's default strategy, which logs a warning when
+            :func:`~tfdp_utils.auto_strategy` built one with several replicas).
         num_workers: plan for this many workers instead of the strategy's (with one replica
             per worker if the strategy has fewer replicas than that). Defaults to `None`.
         shard_policy: ``"auto"``, ``"file"``, ``"data"``, ``"hint"`` or ``"off"``.
@@ -712,7 +737,8 @@ def plan_sharding(
         >>> tdu.plan_sharding(np.arange(10), num_workers=2).policy
         'data'
     """
-    strategy = _strategy_or_default(strategy)
+    # With num_workers given, the strategy only sets the replicas: nothing to warn about.
+    strategy = _strategy_or_default(strategy, "plan_sharding" if num_workers is None else None)
     replicas = int(strategy.num_replicas_in_sync)
     workers, _ = worker_position(strategy)
     if num_workers is not None:
@@ -1115,8 +1141,11 @@ def build_distributed_dataset(
         source: an unbatched ``tf.data.Dataset``; numpy arrays or a tuple/dict of them; a
             file path, list of paths or glob (read with ``reader``); or a function
             ``fn(input_context) -> tf.data.Dataset`` returning this worker's unbatched data.
-        strategy: the ``tf.distribute.Strategy`` that trains. Defaults to `None` (the
-            strategy in scope).
+        strategy: the ``tf.distribute.Strategy`` that trains. Defaults to `None`
+            (``tf.distribute.get_strategy()``: the strategy in scope; outside any scope
+            TensorFlow's default strategy, with one replica. A warning is logged when
+            :func:`~tfdp_utils.auto_strategy` built a strategy with several replicas in this
+            process: pass it, or build inside ``with strategy.scope():``).
         global_batch_size: examples per step over all replicas. Defaults to `None`.
         per_replica_batch_size: examples per replica per step; pass exactly one of the two.
             Defaults to `None`.

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 
@@ -129,6 +131,32 @@ def datasets_built() -> int:
         return _built
 
 
+_strategy_ref: Callable[[], Any] | None = None
+
+
+def record_strategy(strategy: Any) -> None:
+    """Note the strategy that :func:`tfdp_utils.auto_strategy` built in this process.
+
+    The builder reads it back (:func:`last_strategy`) to warn when ``strategy=None`` resolves
+    to TensorFlow's default strategy while a multi-replica one exists. Held by weak
+    reference where the strategy allows it, so the record keeps nothing alive.
+    """
+    global _strategy_ref
+    try:
+        ref: Callable[[], Any] = weakref.ref(strategy)
+    except TypeError:  # an object without weak reference support: hold it
+        ref = lambda: strategy  # noqa: E731
+    with _lock:
+        _strategy_ref = ref
+
+
+def last_strategy() -> Any:
+    """The strategy :func:`record_strategy` noted last, or None (none, or since collected)."""
+    with _lock:
+        ref = _strategy_ref
+    return None if ref is None else ref()
+
+
 def info_of(dataset: Any) -> DatasetInfo | None:
     """The :class:`DatasetInfo` attached to a dataset from the builder, or None."""
     info = getattr(dataset, "tfdp_info", None)
@@ -140,6 +168,8 @@ __all__ = [
     "datasets_built",
     "info_of",
     "last_iterated",
+    "last_strategy",
     "record_built",
     "record_iteration",
+    "record_strategy",
 ]
