@@ -242,3 +242,61 @@ def test_backup_and_restore_resumes_a_preempted_job_to_the_same_weights(tmp_path
         assert len(result["losses"]) == (epochs - 1) * steps
         assert result["iterations"] == epochs * steps
         assert result["weights"] == expected["weights"]
+
+
+PS_SCRIPT = r"""
+import json, sys
+import numpy as np
+import tfdp_utils as tdu
+from tfdp_utils._tf import tf, keras
+
+if tdu.cluster_task_type() in ("worker", "ps"):
+    tdu.run_server()
+try:
+    strategy = tdu.auto_strategy(cluster_timeout=60)
+except ValueError as exc:
+    print("REFUSED " + json.dumps({"message": str(exc)}), flush=True)
+    sys.exit(4)
+x = np.random.RandomState(0).rand(32, 4).astype("float32")
+y = x.sum(axis=1, keepdims=True)
+dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(8)
+with strategy.scope():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(0.05), "mse")
+model.fit(dataset, epochs=1, steps_per_epoch=3, verbose=0)
+print("RESULT " + json.dumps({"class": type(strategy).__name__,
+                              "iterations": int(model.optimizer.iterations.numpy())}), flush=True)
+"""
+
+
+def test_parameter_server_cluster_trains_on_tf_keras_and_is_refused_clearly_on_keras3():
+    from tfdp_utils._tf import IS_KERAS3
+
+    ports = [free_port() for _ in range(3)]
+    cluster = {
+        "chief": [f"127.0.0.1:{ports[0]}"],
+        "worker": [f"127.0.0.1:{ports[1]}"],
+        "ps": [f"127.0.0.1:{ports[2]}"],
+    }
+    chief = {"TF_CONFIG": _tf_config(cluster, "chief", 0)}
+    if IS_KERAS3:
+        [(rc, out, err)] = wait_all([start_python(PS_SCRIPT, env=chief)], timeout=60)
+        assert rc == 4, err[-3000:]
+        message = _line(out, "REFUSED")["message"]
+        assert "cannot train with ParameterServerStrategy" in message
+        assert "TF_USE_LEGACY_KERAS=1" in message
+        return
+    servers = [
+        start_python(PS_SCRIPT, env={"TF_CONFIG": _tf_config(cluster, kind, 0)})
+        for kind in ("worker", "ps")
+    ]
+    try:
+        [(rc, out, err)] = wait_all([start_python(PS_SCRIPT, env=chief)], timeout=150)
+    finally:
+        for server in servers:
+            server.kill()
+            server.communicate(timeout=30)
+    assert rc == 0, err[-3000:]
+    result = _line(out, "RESULT")
+    assert result["class"] == "ParameterServerStrategyV2"
+    assert result["iterations"] == 3

@@ -1,0 +1,121 @@
+"""The collective bound's pieces in-process: its resolution and the watchdog's decisions."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+import tfdp_utils as tdu
+from tfdp_utils.faults import (
+    COLLECTIVE_TIMEOUT_VARIABLE,
+    DEFAULT_COLLECTIVE_TIMEOUT,
+    CollectiveWatchdog,
+    resolve_collective_timeout,
+)
+
+
+def test_default_bound_and_its_overrides():
+    assert resolve_collective_timeout(DEFAULT_COLLECTIVE_TIMEOUT, {}) == 600.0
+    env = {COLLECTIVE_TIMEOUT_VARIABLE: "45"}
+    assert resolve_collective_timeout(DEFAULT_COLLECTIVE_TIMEOUT, env) == 45.0
+    # An explicit argument wins over the variable.
+    assert resolve_collective_timeout(30, env) == 30.0
+    for off in ("0", "off", "none"):
+        assert (
+            resolve_collective_timeout(DEFAULT_COLLECTIVE_TIMEOUT, {"TFDP_COLLECTIVE_TIMEOUT": off})
+            is None
+        )
+    assert resolve_collective_timeout(None, {}) is None
+    assert resolve_collective_timeout(0, {}) is None
+
+
+def test_bad_bounds_are_explained():
+    with pytest.raises(ValueError, match=r"TFDP_COLLECTIVE_TIMEOUT='soon'.*0 to wait without"):
+        resolve_collective_timeout(
+            DEFAULT_COLLECTIVE_TIMEOUT, {COLLECTIVE_TIMEOUT_VARIABLE: "soon"}
+        )
+    with pytest.raises(ValueError, match=r"collective_timeout=-5 must be a positive number"):
+        resolve_collective_timeout(-5, {})
+    with pytest.raises(ValueError, match=r"collective_timeout=-1"):
+        tdu.auto_strategy(collective_timeout=-1)
+
+
+def _blocked_thread() -> tuple[threading.Thread, threading.Event]:
+    release = threading.Event()
+    thread = threading.Thread(target=release.wait, daemon=True)
+    thread.start()
+    return thread, release
+
+
+def test_watchdog_aborts_a_thread_stuck_in_one_call_after_the_bound():
+    thread, release = _blocked_thread()
+    aborted: list[tuple[float, str]] = []
+    start = time.monotonic()
+    watchdog = CollectiveWatchdog(
+        1.5,
+        thread_id=thread.ident,
+        interval=0.1,
+        abort=lambda message: aborted.append((time.monotonic(), message)),
+        in_call=lambda frame: True,
+    ).start()
+    try:
+        deadline = time.monotonic() + 10
+        while not aborted and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        release.set()
+        watchdog.stop()
+    assert len(aborted) == 1
+    fired_at, message = aborted[0]
+    # Measured with this test's own clock: not before the bound, and soon after it.
+    assert 1.5 <= fired_at - start < 1.5 + 1.0
+    assert "collective_timeout=1.5 s" in message
+    assert "auto_strategy(collective_timeout=SECONDS)" in message
+    assert "TFDP_COLLECTIVE_TIMEOUT" in message
+    assert watchdog.fired == message
+
+
+def test_watchdog_leaves_a_progressing_thread_alone():
+    stop = threading.Event()
+
+    def step() -> None:
+        time.sleep(0.02)
+
+    def loop() -> None:
+        while not stop.is_set():
+            step()
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    aborted: list[str] = []
+    watchdog = CollectiveWatchdog(
+        0.5,
+        thread_id=thread.ident,
+        interval=0.05,
+        abort=aborted.append,
+        in_call=lambda frame: frame.f_code.co_name == "step",
+    ).start()
+    time.sleep(2.0)  # four bounds' worth of many short calls
+    stop.set()
+    thread.join(5)
+    watchdog.stop()
+    assert aborted == []
+
+
+def test_watchdog_ignores_waits_outside_tensorflow_and_ends_with_its_thread():
+    thread, release = _blocked_thread()
+    aborted: list[str] = []
+    # The default test: the innermost frame must lie in the tensorflow package; this thread
+    # waits in threading.py.
+    watchdog = CollectiveWatchdog(
+        0.3, thread_id=thread.ident, interval=0.05, abort=aborted.append
+    ).start()
+    time.sleep(1.0)
+    assert aborted == []
+    release.set()
+    thread.join(5)
+    time.sleep(0.3)
+    assert not watchdog.running
+    watchdog.stop()
