@@ -238,7 +238,7 @@ def test_device_string_instead_of_list():
 
 def test_parameter_server_cluster_without_chief_is_refused_clearly():
     env = Environment(cluster=_cluster(2, ps=["10.0.1.1:2222"]))
-    with pytest.raises(ValueError, match="no 'chief'.*MultiWorkerMirroredStrategy"):
+    with pytest.raises(ValueError, match=r"no 'chief'.*MultiWorkerMirroredStrategy"):
         choose_strategy(env)
 
 

@@ -191,7 +191,6 @@ class CollectiveWatchdog:
             del frame
 
 
-
 def worker_backup_dir(backup_dir: str | os.PathLike[str], strategy: Any = None) -> str:
     """The directory to hand ``keras.callbacks.BackupAndRestore`` on this worker.
 
