@@ -31,7 +31,9 @@ class DatasetInfo:
         full_steps: steps at the start of each epoch in which every replica receives
             ``per_replica_batch_size`` examples. None when unknown (then every step is full).
         tail: for each step after ``full_steps``, the examples each replica receives, by
-            global replica id. Empty when the epoch has no partial step.
+            global replica id. Empty when the epoch has no partial step. The builder splits
+            each worker's partial last step evenly over that worker's replicas (28 over 2 ->
+            ``(14, 14)``), except for sparse elements (replicas filled in order: ``(28, 0)``).
         repeat: whether the dataset repeats without end (epochs then come from
             ``steps_per_epoch`` passed to ``fit``). When ``steps_per_epoch`` and
             ``full_steps`` are also known, the dataset repeats whole epochs: every
