@@ -76,7 +76,7 @@ def _examples_in_epoch_range(info: DatasetInfo, first: int, last: int) -> tuple[
     replicas = info.num_replicas_in_sync
     if last <= first:
         return (0,) * replicas
-    if info.full_steps is None or info.repeat:
+    if info.full_steps is None:
         return (info.per_replica_batch_size * (last - first),) * replicas
     full = max(0, min(last, info.full_steps) - max(first, 0))
     totals = [info.per_replica_batch_size * full] * replicas
@@ -412,7 +412,11 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
             self._resolve_counts(at_train_begin=False)
         first = self._counted_step - self._origin
         last = step - self._origin
-        if self._info is not None:
+        if self._info is not None and self._info.repeat:
+            # A repeating dataset is iterated on across fit's epochs: its own layout, counted
+            # from the start of iteration, decides.
+            added = self._info.examples_in_steps(first, last)
+        elif self._info is not None:
             # Epochs as fit ran them (not the dataset's steps_per_epoch): positions count
             # from the step at which this epoch began.
             start = self._epoch_base - self._origin
