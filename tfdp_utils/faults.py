@@ -9,8 +9,9 @@ survivors wait forever.
 
 TensorFlow's own bound, ``CommunicationOptions(timeout_seconds=...)``, starts one sleeping
 thread per collective for the whole timeout (its docstring says "debugging only"); measured
-here, 600 steps of a small model left about 4,900 threads alive with a 300 s timeout and ran
-3x slower. So :func:`tfdp_utils.auto_strategy` bounds collectives with
+here (``benchmarks/scale_out.py``), 600 steps of a small model with a 300 s timeout left
+about 2,500 threads alive on Keras 3 (4,900 on tf_keras) and ran at 0.66-0.68x the step rate
+of an unbounded job. So :func:`tfdp_utils.auto_strategy` bounds collectives with
 :class:`CollectiveWatchdog` instead: one thread that samples the training thread once a
 second, and when that thread has sat inside one TensorFlow call for ``collective_timeout``
 seconds, aborts the process's collectives (as TensorFlow's own health check does) with a
