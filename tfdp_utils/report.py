@@ -265,6 +265,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+run_from_args = run
+"""Alias of :func:`run` (the name ``tfdp_utils.cli`` mounts)."""
+
+
 def main(argv: list[str] | None = None) -> int:
     """``tfdp-utils report LOGDIR [--plot PATH] [--json]`` as a function.
 
@@ -294,5 +298,6 @@ __all__ = [
     "plot",
     "read_runs",
     "run",
+    "run_from_args",
     "summarize",
 ]
