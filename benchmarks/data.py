@@ -9,7 +9,13 @@ yield the same examples; they are timed side by side in one run and reported as 
 A second part starts 2 localhost workers (TF_CONFIG + MultiWorkerMirroredStrategy) and
 counts the bytes each worker's reader actually reads with shard_policy "file" and "data".
 
-Run: ``.venv/bin/python benchmarks/data.py`` (about a minute). ``--json`` prints raw figures.
+A third part times one epoch over 2 logical CPUs (MirroredStrategy), 5980 examples of 28x28
+(93 full steps of 64 and 28 left), the builder (each step cut into replica batches, the last
+split 14 + 14) against tf.data's own per-replica batching (28 + 0), with no step and with a
+0.01 s step.
+
+Run: ``.venv/bin/python benchmarks/data.py`` (about 4 minutes; ``--only-split`` runs the third
+part alone). ``--json`` prints raw figures.
 """
 
 from __future__ import annotations
@@ -157,6 +163,90 @@ print("RESULT " + json.dumps(out), flush=True)
 """
 
 
+SPLIT = r"""
+import json, os, statistics, sys, time
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import numpy as np
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import tfdp_utils as tdu
+
+n, batch, rounds, step_s = (int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]),
+                            float(sys.argv[4]))
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+x = np.random.default_rng(0).random((n, 28, 28, 1), dtype=np.float32)
+y = np.arange(n, dtype=np.int64)
+per_replica = batch // 2
+
+def by_hand():
+    # tf.data's per-replica batching: replicas take whole batches in order (last: 28 + 0).
+    def fn(context):
+        ds = tf.data.Dataset.from_tensor_slices((x, y))
+        return ds.batch(per_replica).prefetch(tf.data.AUTOTUNE)
+    return strategy.distribute_datasets_from_function(fn)
+
+def builder():
+    return tdu.build_distributed_dataset((x, y), strategy=strategy, global_batch_size=batch)
+
+def epoch(dist):
+    start = time.perf_counter()
+    last = None
+    for images, ids in dist:
+        last = [int(v.shape[0]) for v in strategy.experimental_local_results(ids)]
+        if step_s:
+            time.sleep(step_s)
+    return time.perf_counter() - start, last
+
+makers = {"by_hand": by_hand, "builder": builder}
+for make in makers.values():
+    epoch(make())  # warm up
+times = {name: [] for name in makers}
+last = {}
+ratios = []
+for index in range(rounds):
+    # Alternate the order: on a shared machine, load drifts between runs.
+    for name in (("by_hand", "builder") if index % 2 == 0 else ("builder", "by_hand")):
+        seconds, last[name] = epoch(makers[name]())
+        times[name].append(seconds)
+    ratios.append(times["by_hand"][-1] / times["builder"][-1])
+out = {name: {"median_s": statistics.median(v), "last_step": last[name]}
+       for name, v in times.items()}
+out["builder_speed_vs_by_hand"] = statistics.median(ratios)
+print("RESULT " + json.dumps(out), flush=True)
+"""
+
+
+def split_cost(n: int = 5980, batch: int = 64, rounds: int = 9) -> dict[str, Any]:
+    """One epoch over 2 logical CPUs: the builder (whole steps cut into replica batches, the
+    last split evenly) against tf.data's per-replica batching, without and with a 0.01 s step.
+    """
+    summary: dict[str, Any] = {"examples": n, "global_batch": batch, "rounds": rounds}
+    for label, step_s in (("no_step", 0.0), ("step_0.01s", STEP_S)):
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                textwrap.dedent(SPLIT),
+                str(n),
+                str(batch),
+                str(rounds),
+                str(step_s),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+        )
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+        if proc.returncode or not lines:
+            raise RuntimeError(
+                f"split benchmark failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
+            )
+        summary[label] = json.loads(lines[-1][len("RESULT ") :])
+    return summary
+
+
 def _free_port() -> int:
     import socket
 
@@ -220,7 +310,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print the raw figures as JSON")
     parser.add_argument("--skip-workers", action="store_true", help="skip the 2-worker part")
+    parser.add_argument(
+        "--only-split", action="store_true", help="only the last-step split part (2 replicas)"
+    )
     args = parser.parse_args()
+    split = split_cost()
+    if args.only_split:
+        _print_split(split, as_json=args.json)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         paths = []
@@ -246,6 +343,7 @@ def main() -> None:
         "builder_speedup_over_naive": timing["naive"]["median_s"] / builder,
         "builder_speed_vs_hand_tuned": timing["hand_tuned"]["median_s"] / builder,
         "sharding": sharding,
+        "split": split,
     }
     if args.json:
         print(json.dumps(figures, indent=2))
@@ -268,6 +366,23 @@ def main() -> None:
                 f"examples trained {sharding[policy]['examples_trained']}"
             )
         print(f"bytes per worker, file / data: {sharding['file_over_data']:.2f} (goal ~ 0.5)")
+    _print_split(split, as_json=False)
+
+
+def _print_split(split: dict[str, Any], *, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(split, indent=2))
+        return
+    print()
+    print(f"last-step split, {split['examples']} examples, global batch {split['global_batch']}:")
+    for label in ("no_step", "step_0.01s"):
+        result = split[label]
+        print(
+            f"  {label}: builder {result['builder']['median_s']:.3f} s (last step "
+            f"{result['builder']['last_step']}), by hand {result['by_hand']['median_s']:.3f} s "
+            f"(last step {result['by_hand']['last_step']}); builder / by-hand speed "
+            f"{result['builder_speed_vs_by_hand']:.2f} (median of per-round ratios)"
+        )
 
 
 if __name__ == "__main__":
