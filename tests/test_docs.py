@@ -28,6 +28,9 @@ pages = json.loads(sys.stdin.read())
 results = {}
 home = os.getcwd()
 for page, blocks in pages.items():
+    # Each page builds its own strategies; fresh collective keys keep pages apart, as
+    # separate programs would be.
+    tf.distribute.MirroredStrategy._collective_key_base += 100_000
     namespace = {"__name__": "__docs__"}
     status = "ok"
     with tempfile.TemporaryDirectory() as tmp:

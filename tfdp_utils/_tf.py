@@ -37,8 +37,18 @@ keras: Any = _resolve_keras()
 
 
 def _keras_version() -> str:
-    version = getattr(keras, "__version__", None) or getattr(keras, "version", lambda: "")()
-    return str(version)
+    """Version of the active Keras; tf.keras's lazy loader hides ``__version__`` for tf_keras."""
+    version = getattr(keras, "__version__", None)
+    if version:
+        return str(version)
+    from importlib import metadata
+
+    name = str(getattr(keras, "__name__", ""))
+    distribution = "tf-keras" if name.startswith("tf_keras") else "keras"
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:  # pragma: no cover - Keras ships as a distribution
+        return ""
 
 
 KERAS_VERSION: str = _keras_version()
