@@ -17,35 +17,25 @@ DOCS = REPO / "docs"
 PAGES = sorted(p.name for p in DOCS.glob("*.md"))
 FENCE = re.compile(r"^```python[^\n]*\n(.*?)^```", re.S | re.M)
 
-# Runs every page's Python blocks in one fresh process with 2 logical CPUs (so examples show
-# data parallelism), each page in its own namespace and folder, its blocks in order.
+# Runs one page's Python blocks in a fresh process with 2 logical CPUs (so examples show data
+# parallelism), in order, in one namespace, in an empty folder: as a reader pasting them would.
 RUNNER = r"""
-import contextlib, io, json, os, sys, tempfile, traceback
+import contextlib, io, json, sys, traceback
 import tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-pages = json.loads(sys.stdin.read())
-results = {}
-home = os.getcwd()
-for page, blocks in pages.items():
-    # Each page builds its own strategies; fresh collective keys keep pages apart, as
-    # separate programs would be.
-    tf.distribute.MirroredStrategy._collective_key_base += 100_000
-    namespace = {"__name__": "__docs__"}
-    status = "ok"
-    with tempfile.TemporaryDirectory() as tmp:
-        os.chdir(tmp)
-        for number, block in enumerate(blocks, 1):
-            out = io.StringIO()
-            try:
-                with contextlib.redirect_stdout(out):
-                    exec(compile(block, f"{page}[block {number}]", "exec"), namespace)
-            except BaseException:
-                status = f"block {number} failed:\n{block}\n{traceback.format_exc()}"
-                break
-        os.chdir(home)
-    results[page] = status
-print("RESULTS " + json.dumps(results))
+page, blocks = json.loads(sys.stdin.read())
+namespace = {"__name__": "__docs__"}
+status = "ok"
+for number, block in enumerate(blocks, 1):
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            exec(compile(block, f"{page}[block {number}]", "exec"), namespace)
+    except BaseException:
+        status = f"block {number} failed:\n{block}\n{traceback.format_exc()}"
+        break
+print("RESULT " + json.dumps(status), flush=True)
 """
 
 
@@ -53,28 +43,28 @@ def python_blocks(page: str) -> list[str]:
     return FENCE.findall((DOCS / page).read_text())
 
 
-@pytest.fixture(scope="module")
-def page_results() -> dict[str, str]:
-    pages = {page: python_blocks(page) for page in PAGES if python_blocks(page)}
-    result = subprocess.run(
-        [sys.executable, "-c", RUNNER],
-        input=json.dumps(pages),
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=str(REPO),
-        check=False,
-    )
-    line = next((x for x in result.stdout.splitlines() if x.startswith("RESULTS ")), None)
-    assert line is not None, result.stderr[-5000:]
-    return dict(json.loads(line[len("RESULTS ") :]))
-
-
 @pytest.mark.slow
 @pytest.mark.keras
 @pytest.mark.parametrize("page", [p for p in PAGES if python_blocks(p)])
-def test_code_blocks_run(page: str, page_results: dict[str, str]) -> None:
-    assert page_results[page] == "ok", page_results[page]
+def test_code_blocks_run(page: str, tmp_path: Path) -> None:
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", RUNNER],
+            input=json.dumps([page, python_blocks(page)]),
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=str(tmp_path),
+            check=False,
+        )
+    except subprocess.TimeoutExpired as error:
+        tail = (error.stderr or b"")[-3000:]
+        raise AssertionError(f"{page}: code blocks still running after 300 s\n{tail!r}") from None
+    line = next((x for x in result.stdout.splitlines() if x.startswith("RESULT ")), None)
+    assert line is not None, (
+        f"{page}: runner died (rc={result.returncode})\n{result.stderr[-5000:]}"
+    )
+    assert json.loads(line[len("RESULT ") :]) == "ok", json.loads(line[len("RESULT ") :])
 
 
 def test_every_nav_page_exists() -> None:

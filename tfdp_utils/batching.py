@@ -68,7 +68,7 @@ def num_replicas_in_sync(strategy: Any = None) -> int:
     Returns:
         ``strategy.num_replicas_in_sync``.
 
-    Example:
+    Examples:
         >>> import tfdp_utils as tdu
         >>> tdu.num_replicas_in_sync()  # no strategy in scope
         1
@@ -95,7 +95,7 @@ def global_batch_size(per_replica_batch_size: int, *, strategy: Any = None) -> i
         TypeError: ``per_replica_batch_size`` is not an integer.
         ValueError: ``per_replica_batch_size`` is not positive.
 
-    Example:
+    Examples:
         >>> import tensorflow as tf
         >>> import tfdp_utils as tdu
         >>> strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
@@ -159,7 +159,7 @@ def per_replica_batch_size(global_batch_size: int, *, strategy: Any = None) -> i
         ValueError: ``global_batch_size`` is not positive, is smaller than the number of
             replicas, or is not divisible by it; the message names the nearest valid sizes.
 
-    Example:
+    Examples:
         >>> import tensorflow as tf
         >>> import tfdp_utils as tdu
         >>> strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
@@ -210,7 +210,7 @@ def scale_learning_rate(
         TypeError: a size is not an integer or the rate is not a number.
         ValueError: a size or the rate is not positive, or ``rule`` is unknown.
 
-    Example:
+    Examples:
         >>> import tfdp_utils as tdu
         >>> tdu.scale_learning_rate(0.1, base_batch_size=256, global_batch_size=1024)
         0.4
@@ -250,7 +250,7 @@ def steps_per_epoch(
         TypeError: a size is not an integer.
         ValueError: ``num_examples`` is negative or ``global_batch_size`` is not positive.
 
-    Example:
+    Examples:
         >>> import tfdp_utils as tdu
         >>> tdu.steps_per_epoch(1000, 64), tdu.steps_per_epoch(1000, 64, drop_remainder=True)
         (16, 15)

@@ -372,7 +372,7 @@ def cluster_from_environment(environ: Mapping[str, str] | None = None) -> Cluste
 def cluster_task_type(environ: Mapping[str, str] | None = None) -> str | None:
     """This task's type (``chief``, ``worker``, ``evaluator``, ``ps``), or None when alone.
 
-    Example:
+    Examples:
         >>> cluster_task_type({})
         >>> cluster_task_type({"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2",
         ...                    "SLURM_STEP_NODELIST": "n[1-2]"})

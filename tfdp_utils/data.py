@@ -731,7 +731,7 @@ def plan_sharding(
         ValueError: unknown policy, a policy that cannot apply to the source, files that do
             not exist, a glob that matches nothing.
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> import tfdp_utils as tdu
         >>> tdu.plan_sharding(np.arange(10), num_workers=2).policy
@@ -1188,7 +1188,7 @@ def build_distributed_dataset(
             dataset; a ``map_fn`` that cannot take the elements.
         TypeError: an unsupported source or reader.
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> import tfdp_utils as tdu
         >>> dist = tdu.build_distributed_dataset(np.arange(10), global_batch_size=4)

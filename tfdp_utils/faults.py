@@ -118,7 +118,7 @@ class CollectiveWatchdog:
         in_call: tells whether a frame is inside a blocking TensorFlow call. Defaults to
             `None` (the innermost frame's file lies in the installed ``tensorflow`` package).
 
-    Example:
+    Examples:
         >>> watchdog = CollectiveWatchdog(600.0).start()  # doctest: +SKIP
         >>> watchdog.stop()  # doctest: +SKIP
     """
@@ -211,7 +211,7 @@ def worker_backup_dir(backup_dir: str | os.PathLike[str], strategy: Any = None) 
     Returns:
         The directory for this worker.
 
-    Example:
+    Examples:
         >>> backup = tdu.worker_backup_dir("gs://bucket/job1/backup", strategy)  # doctest: +SKIP
         >>> model.fit(dist, callbacks=[keras.callbacks.BackupAndRestore(backup)])  # doctest: +SKIP
     """

@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         0 on success, 1 when no throughput runs were found, 2 for a missing ``LOGDIR`` or a
         missing plotting extra.
 
-    Example:
+    Examples:
     >>> main(["logs", "--json"])  # doctest: +SKIP
     """
     parser = argparse.ArgumentParser(

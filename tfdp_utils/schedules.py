@@ -79,7 +79,7 @@ class WarmupSchedule(_LearningRateSchedule):  # type: ignore[misc]
             is not a schedule.
         ValueError: a rate is negative or not finite, or ``warmup_steps`` is not positive.
 
-    Example:
+    Examples:
         >>> import tensorflow as tf
         >>> import tfdp_utils as tdu
         >>> schedule = tdu.WarmupSchedule(0.4, warmup_steps=4)

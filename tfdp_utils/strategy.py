@@ -465,7 +465,7 @@ def run_server(*, cluster_resolver: Any = None, environ: Any = None) -> None:
         ValueError: no cluster spec, or this task is a chief or evaluator (which train or
             evaluate rather than serve).
 
-    Example:
+    Examples:
         >>> if tdu.cluster_task_type() in ("worker", "ps"):  # doctest: +SKIP
         ...     tdu.run_server()  # never returns
     """
@@ -592,7 +592,7 @@ def auto_strategy(
         ClusterTimeoutError: peers did not start within ``cluster_timeout``.
         TPUProbeError: ``prefer="tpu"`` and the TPU could not be reached.
 
-    Example:
+    Examples:
         >>> strategy = auto_strategy()  # doctest: +SKIP
         >>> with strategy.scope():  # doctest: +SKIP
         ...     model = build_model()

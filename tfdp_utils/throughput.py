@@ -85,7 +85,7 @@ class ThroughputMeter:
         ValueError: for ``num_replicas < 1``, negative ``warmup_steps``, non-positive FLOPs
             figures, or ``peak_flops_per_replica`` without ``flops_per_example``.
 
-    Example:
+    Examples:
     >>> meter = ThroughputMeter(num_replicas=2, warmup_steps=10)
     >>> meter.update(step=0, time=0.0, replica_examples=[0, 0]) is None
     True
@@ -266,7 +266,7 @@ class ThroughputMeter:
 def spread(values: Sequence[float]) -> tuple[float, float, float]:
     """``(min, max, skew)`` of positive rates; skew is ``(max - min) / max`` (0 = all equal).
 
-    Example:
+    Examples:
     >>> spread([90.0, 100.0])
     (90.0, 100.0, 0.1)
     """

@@ -183,7 +183,7 @@ def make_distributed_train_step(
         TypeError: ``loss`` is not callable, ``metrics`` are not Keras metrics, or
             ``global_batch_size`` is not an integer.
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> import tensorflow as tf
         >>> import tfdp_utils as tdu

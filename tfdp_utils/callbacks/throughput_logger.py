@@ -167,7 +167,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
             way to count examples, or a dataset built for another number of replicas.
         OSError: at train begin, when ``log_dir`` cannot be created or written.
 
-    Example:
+    Examples:
     ```python
     logger = tdu.callbacks.ThroughputLogger("logs", global_batch_size=256)
     model.fit(dataset, epochs=3, callbacks=[logger])

@@ -17,7 +17,7 @@ applied at most once per process and logged once (logger ``tfdp_utils.compat``, 
 ``tfdp_utils``). tf_keras is never touched: these bugs live in Keras 3's TensorFlow trainer.
 Set ``TFDP_NO_KERAS_PATCHES=1`` to turn them all off.
 
-Example:
+Examples:
     >>> import tfdp_utils as tdu
     >>> tdu.compat.apply()  # doctest: +SKIP
     ('keras#20585', 'tensorflow#72388', 'keras#19246')
@@ -201,7 +201,7 @@ def apply(issues: Iterable[str] | None = None) -> tuple[str, ...]:
         ValueError: an issue tfdp-utils has no workaround for.
         TypeError: ``issues`` is a single string.
 
-    Example:
+    Examples:
         >>> import tfdp_utils as tdu
         >>> tdu.compat.apply(["keras#19246"])  # doctest: +SKIP
         ('keras#19246',)
@@ -244,7 +244,7 @@ def apply_for_strategy(strategy: Any) -> tuple[str, ...]:
     Returns:
         The issues worked around in this process so far, as :func:`applied` gives them.
 
-    Example:
+    Examples:
         >>> import tfdp_utils as tdu
         >>> strategy = tf.distribute.MirroredStrategy(["/gpu:0", "/gpu:1"])  # doctest: +SKIP
         >>> tdu.compat.apply_for_strategy(strategy)  # doctest: +SKIP
