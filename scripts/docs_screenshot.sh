@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Regenerate docs/img/tensorboard-throughput.png: a demo run, a TensorBoard server on 127.0.0.1,
-# and a headless Chromium screenshot of its scalars page. Needs Debian's chromium package.
+# Regenerate the throughput page's images: a demo run, a TensorBoard server on 127.0.0.1 and a
+# headless Chromium screenshot of its scalars page (docs/img/tensorboard-throughput.png), and
+# `tfdp-utils report --plot` over the same logs (docs/img/report-throughput.png).
+# Needs Debian's chromium package.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 logs=$(mktemp -d)
@@ -17,3 +19,5 @@ chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run \
   --user-data-dir="$profile" --window-size=1400,1000 --virtual-time-budget=15000 \
   --screenshot=docs/img/tensorboard-throughput.png \
   "http://127.0.0.1:$port/?darkMode=false#scalars&tagFilter=throughput"
+# The same run through `tfdp-utils report`: the plot on the throughput page.
+tfdp-utils report "$logs" --plot docs/img/report-throughput.png

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import textwrap
 import threading
 import time
 
@@ -12,6 +13,7 @@ import pytest
 from conftest import NUM_LOGICAL_CPUS, free_port, run_python, start_python, tf_config, wait_all
 
 import tfdp_utils as tdu
+from tfdp_utils import dataset_info
 from tfdp_utils._tf import tf
 from tfdp_utils.strategy import explain
 
@@ -243,3 +245,53 @@ def test_env_command_reports_versions_and_choice():
     text = run_python("from tfdp_utils.cli import main; raise SystemExit(main(['env']))")
     assert "Strategy auto_strategy() would build: OneDeviceStrategy" in text.stdout
     assert "TensorFlow distribution: tensorflow-cpu" in text.stdout
+
+
+def test_auto_strategy_is_what_the_builder_falls_back_on():
+    strategy = tdu.auto_strategy(devices=["/cpu:0", "/cpu:1"])
+    assert dataset_info.last_strategy() is strategy
+
+
+@pytest.mark.slow
+@pytest.mark.keras
+def test_strategies_over_different_device_sets_in_one_process():
+    # A notebook that trains on 2 devices, then on 4: TensorFlow aborts the second fit
+    # ("joining a group with size 4, but that group has size 2") when both strategies draw
+    # the same collective group keys. The first script shows that failure with strategies
+    # built by hand, so the second one's success is auto_strategy's doing.
+    script = """
+        import sys
+        import numpy as np
+        import tensorflow as tf
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * 4
+        )
+        import tfdp_utils as tdu
+        from tfdp_utils._tf import keras
+
+        def train(strategy):
+            x = np.ones((64, 4), "float32")
+            dist = tdu.build_distributed_dataset(
+                (x, x[:, 0]), strategy=strategy, global_batch_size=16
+            )
+            with strategy.scope():
+                model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+                model.compile("sgd", "mse")
+            model.fit(dist, epochs=1, verbose=0)
+            print("TRAINED", strategy.num_replicas_in_sync, flush=True)
+
+        make = {
+            "by_hand": lambda devices: tf.distribute.MirroredStrategy(devices),
+            "auto": lambda devices: tdu.auto_strategy(devices=devices),
+        }[sys.argv[1]]
+        train(make(["/cpu:0", "/cpu:1"]))
+        train(make(["/cpu:0", "/cpu:1", "/cpu:2", "/cpu:3"]))
+    """
+    by_hand = run_python(f"import sys; sys.argv[1:] = ['by_hand']\n{textwrap.dedent(script)}")
+    assert "TRAINED 2" in by_hand.stdout
+    assert "TRAINED 4" not in by_hand.stdout, "TensorFlow no longer reuses group keys"
+    assert "group has size 2" in by_hand.stderr, by_hand.stderr[-3000:]
+    auto = run_python(f"import sys; sys.argv[1:] = ['auto']\n{textwrap.dedent(script)}")
+    assert auto.returncode == 0, auto.stderr[-3000:]
+    assert auto.stdout.split() == ["TRAINED", "2", "TRAINED", "4"]

@@ -89,6 +89,16 @@ def test_json_and_plot(log_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixt
     assert png.stat().st_size > 5000
 
 
+def test_the_cli_mounts_report(log_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tfdp_utils.cli import main
+
+    assert main(["report", str(log_dir), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["runs"]["global"]["examples_per_sec"]["median"] == pytest.approx(1000)
+    assert main(["report", str(log_dir / "nope")]) == 2
+    assert "is not a directory" in capsys.readouterr().err
+
+
 def test_missing_and_empty_log_dirs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert report.main([str(tmp_path / "nope")]) == 2
     assert "is not a directory" in capsys.readouterr().err

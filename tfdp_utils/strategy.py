@@ -15,6 +15,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Literal
 
+from tfdp_utils import dataset_info
 from tfdp_utils.cluster import ClusterConfig, wait_for_peers, wait_for_servers
 from tfdp_utils.environment import Environment, detect_environment
 from tfdp_utils.faults import (
@@ -38,6 +39,8 @@ PREFER_CHOICES: tuple[str, ...] = ("auto", *STRATEGY_KINDS)
 
 DEFAULT_CLUSTER_TIMEOUT = 300.0
 CLUSTER_TIMEOUT_VARIABLE = "TFDP_CLUSTER_TIMEOUT"
+# Group keys set aside for each MirroredStrategy built here (a strategy uses a handful).
+_COLLECTIVE_KEY_STRIDE = 10_000
 
 _CLASS_NAMES = {
     "tpu": "TPUStrategy",
@@ -499,6 +502,19 @@ def run_server(*, cluster_resolver: Any = None, environ: Any = None) -> None:
     server.join()
 
 
+def _fresh_collective_keys(strategy_class: Any) -> None:
+    """Give the next strategy of ``strategy_class`` its own range of collective group keys.
+
+    Every MirroredStrategy in a process starts its group keys at the same number, and
+    TensorFlow aborts the process when one key meets two different device sets (a notebook
+    that builds a 2-device strategy, then a 4-device one). TensorFlow's own tests move the
+    class's key base between strategies; so does this.
+    """
+    base = getattr(strategy_class, "_collective_key_base", None)
+    if isinstance(base, int):
+        strategy_class._collective_key_base = base + _COLLECTIVE_KEY_STRIDE
+
+
 def build_strategy(
     choice: StrategyChoice,
     *,
@@ -531,6 +547,7 @@ def build_strategy(
             num_gpus=num_gpus,
         )
     if choice.kind == "mirrored":
+        _fresh_collective_keys(tf.distribute.MirroredStrategy)
         return tf.distribute.MirroredStrategy(
             devices=list(choice.devices), cross_device_ops=cross_device_ops
         )
@@ -641,6 +658,7 @@ def auto_strategy(
         choice.reason,
     )
     strategy._tfdp_choice = choice
+    dataset_info.record_strategy(strategy)
     return strategy
 
 
