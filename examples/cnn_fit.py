@@ -26,7 +26,6 @@ train = tdu.build_distributed_dataset(
     global_batch_size=GLOBAL_BATCH_SIZE,
     shuffle_buffer_size=2048,
     seed=0,
-    repeat="epochs",  # whole epochs, so fit(steps_per_epoch=...) works on Keras 3 and tf_keras
 )
 test = tdu.build_distributed_dataset(
     (x_test, y_test), strategy=strategy, global_batch_size=GLOBAL_BATCH_SIZE
@@ -39,7 +38,7 @@ with strategy.scope():
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
     )
-model.fit(train, epochs=4, steps_per_epoch=train.tfdp_info.steps_per_epoch, verbose=2)
-loss, accuracy = model.evaluate(test, steps=test.tfdp_info.steps_per_epoch, verbose=0)
+model.fit(train, epochs=4, verbose=2)
+loss, accuracy = model.evaluate(test, verbose=0)
 print(f"test accuracy {accuracy:.3f} on {strategy.num_replicas_in_sync} replicas")
 assert accuracy > 0.5, "the CNN should beat chance (0.1) by far"

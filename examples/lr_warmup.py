@@ -43,7 +43,6 @@ train = tdu.build_distributed_dataset(
     global_batch_size=GLOBAL_BATCH_SIZE,
     shuffle_buffer_size=2048,
     seed=0,
-    repeat="epochs",  # whole epochs, so fit(steps_per_epoch=...) works on Keras 3 and tf_keras
 )
 test = tdu.build_distributed_dataset(
     (x_test, y_test), strategy=strategy, global_batch_size=GLOBAL_BATCH_SIZE
@@ -55,9 +54,9 @@ with strategy.scope():
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
     )
-model.fit(train, epochs=EPOCHS, steps_per_epoch=train.tfdp_info.steps_per_epoch, verbose=2)
+model.fit(train, epochs=EPOCHS, verbose=2)
 for step in (0, steps, WARMUP_EPOCHS * steps, EPOCHS * steps):
     print(f"learning rate at step {step}: {float(schedule(step)):.5f}")
-loss, accuracy = model.evaluate(test, steps=test.tfdp_info.steps_per_epoch, verbose=0)
+loss, accuracy = model.evaluate(test, verbose=0)
 print(f"test accuracy {accuracy:.3f}")
 assert accuracy > 0.5

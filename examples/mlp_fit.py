@@ -28,7 +28,6 @@ train = tdu.build_distributed_dataset(
     global_batch_size=GLOBAL_BATCH_SIZE,
     shuffle_buffer_size=2048,
     seed=0,
-    repeat="epochs",  # whole epochs, so fit(steps_per_epoch=...) works on Keras 3 and tf_keras
 )
 test = tdu.build_distributed_dataset(
     (x_test, y_test), strategy=strategy, global_batch_size=GLOBAL_BATCH_SIZE
@@ -46,11 +45,10 @@ log_dir = tempfile.mkdtemp(prefix="tfdp-mlp-")
 model.fit(
     train,
     epochs=5,
-    steps_per_epoch=train.tfdp_info.steps_per_epoch,
     verbose=2,
     callbacks=[tdu.callbacks.ThroughputLogger(log_dir, log_every_n_steps=10, warmup_steps=5)],
 )
-loss, accuracy = model.evaluate(test, steps=test.tfdp_info.steps_per_epoch, verbose=0)
+loss, accuracy = model.evaluate(test, verbose=0)
 print(
     f"test accuracy {accuracy:.3f} on {strategy.num_replicas_in_sync} replicas; logs in {log_dir}"
 )

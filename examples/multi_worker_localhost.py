@@ -11,6 +11,7 @@ Run: python examples/multi_worker_localhost.py [--workers N]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -35,7 +36,7 @@ def train(log_dir: str) -> None:
         global_batch_size=GLOBAL_BATCH_SIZE,
         shuffle_buffer_size=2048,
         seed=0,
-        repeat="epochs",  # equal steps on every worker, every epoch; Keras 3 and tf_keras
+        repeat="epochs",  # with steps_per_epoch below: what tf_keras needs over several workers
     )
     with strategy.scope():
         model = build_model("mlp")
@@ -81,23 +82,41 @@ def main() -> None:
     addresses = [f"127.0.0.1:{free_port()}" for _ in range(args.workers)]
     log_dir = tempfile.mkdtemp(prefix="tfdp-multi-worker-")
     processes = []
-    for index in range(args.workers):
-        tf_config = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}
-        env = {**os.environ, "TF_CONFIG": json.dumps(tf_config), "TFDP_EXAMPLE_WORKER": log_dir}
-        processes.append(
-            subprocess.Popen([sys.executable, __file__], env=env, stdout=subprocess.PIPE, text=True)
-        )
     reports = []
-    try:
-        for process in processes:
-            out, _ = process.communicate(timeout=args.timeout)
-            if process.returncode != 0:
-                raise SystemExit(f"worker pid {process.pid} failed with {process.returncode}")
-            reports.append(json.loads(out.split("WORKER ", 1)[1]))
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
+    with contextlib.ExitStack() as stack:
+        # Each worker's stderr goes to a file (a pipe nobody reads could fill and stall it).
+        errors = [stack.enter_context(tempfile.TemporaryFile("w+")) for _ in addresses]
+        for index in range(args.workers):
+            task = {"type": "worker", "index": index}
+            env = {
+                **os.environ,
+                "TF_CONFIG": json.dumps({"cluster": {"worker": addresses}, "task": task}),
+                "TFDP_EXAMPLE_WORKER": log_dir,
+            }
+            processes.append(
+                subprocess.Popen(
+                    [sys.executable, __file__],
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=errors[index],
+                    text=True,
+                )
+            )
+        try:
+            for index, process in enumerate(processes):
+                out, _ = process.communicate(timeout=args.timeout)
+                if process.returncode != 0:
+                    errors[index].seek(0)
+                    raise SystemExit(
+                        f"worker {index} (pid {process.pid}) failed with exit code "
+                        f"{process.returncode}; the end of its stderr:\n"
+                        + errors[index].read()[-4000:]
+                    )
+                reports.append(json.loads(out.split("WORKER ", 1)[1]))
+        finally:
+            for process in processes:
+                if process.poll() is None:
+                    process.kill()
     for report in reports:
         losses = ", ".join(f"{x:.4f}" for x in report["loss"])
         print(

@@ -5,6 +5,7 @@ Counts are checked against the example ids each replica actually received.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import warnings
 from collections import Counter
@@ -465,9 +466,8 @@ def test_keras_fit_consumes_every_example() -> None:
     strategy = _mirrored(2)
     n = 13
     x = np.arange(n, dtype="float32").reshape(-1, 1)
-    # tf_keras needs steps_per_epoch for a distributed dataset and keeps one iterator for all
-    # epochs, so it trains on a repeated dataset (exact epochs, as the size is known); Keras 3
-    # re-iterates each epoch.
+    # repeat="epochs" with steps_per_epoch, the form tf_keras takes without tfdp-utils'
+    # dataset patch (exact epochs, as the size is known); Keras 3 re-iterates each epoch.
     dist = build_distributed_dataset(
         (x, x), strategy=strategy, global_batch_size=4, repeat=False if IS_KERAS3 else "epochs"
     )
@@ -491,6 +491,97 @@ def test_keras_fit_consumes_every_example() -> None:
     assert Count.batches == 8
     assert dist.tfdp_info.steps_per_epoch == 4
     assert dataset_info.last_iterated() is dist.tfdp_info
+
+
+def _id_metrics(keras: Any, n: int) -> list[Any]:
+    """Metrics that count, per epoch, how often each example id reached the model."""
+
+    class IdCounts(keras.metrics.Metric):  # type: ignore[misc]
+        def __init__(self, name: str, exactly_once: bool) -> None:
+            super().__init__(name=name)
+            self.exactly_once = exactly_once
+            self.counts = self.add_weight(name="counts", shape=(n,), initializer="zeros")
+
+        def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
+            ids = tf.cast(tf.reshape(y_true, [-1]), tf.int32)
+            self.counts.assign_add(tf.math.bincount(ids, minlength=n, maxlength=n, dtype="float32"))
+
+        def result(self) -> Any:
+            if self.exactly_once:
+                return tf.reduce_sum(tf.cast(tf.equal(self.counts, 1.0), "float32"))
+            return tf.reduce_sum(self.counts)
+
+        def reset_state(self) -> None:
+            self.counts.assign(tf.zeros((n,)))
+
+    return [IdCounts("seen", exactly_once=False), IdCounts("once", exactly_once=True)]
+
+
+@pytest.mark.keras
+@pytest.mark.parametrize("steps_per_execution", [1, 3])
+def test_fit_and_evaluate_without_steps_see_every_example_once(steps_per_execution: int) -> None:
+    # The same code on Keras 3 and tf_keras: no steps_per_epoch, no repeat. Ids are counted
+    # by metrics inside the model's step, apart from the builder's own bookkeeping.
+    from tfdp_utils._tf import keras
+
+    n = 13  # batches of 4 on 2 replicas: a partial last step (1 example on one replica)
+    strategy = tdu.auto_strategy(devices=["/cpu:0", "/cpu:1"])
+    ids = np.arange(n, dtype="float32").reshape(-1, 1)
+    dist = build_distributed_dataset(
+        (ids, ids), strategy=strategy, global_batch_size=4, shuffle_buffer_size=n, seed=3
+    )
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+        model.compile(
+            optimizer="sgd",
+            loss="mse",
+            metrics=_id_metrics(keras, n),
+            steps_per_execution=steps_per_execution,
+        )
+    history = model.fit(dist, epochs=3, verbose=0)
+    assert history.history["seen"] == [n, n, n]
+    assert history.history["once"] == [n, n, n]
+    assert int(model.optimizer.iterations.numpy()) == 3 * dist.tfdp_info.steps_per_epoch
+    results = model.evaluate(dist, verbose=0, return_dict=True)
+    assert results["seen"] == n and results["once"] == n
+
+
+@pytest.mark.keras
+def test_tf_keras_needs_the_dataset_steps_patch() -> None:
+    from tfdp_utils import compat
+    from tfdp_utils._tf import IS_KERAS3, keras
+    from tfdp_utils.compat import tf_keras_datasets
+
+    strategy = _mirrored(2)
+    x = np.ones((8, 1), "float32")
+    dist = build_distributed_dataset((x, x), strategy=strategy, global_batch_size=4)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+    if IS_KERAS3:  # Keras 3 iterates a distributed dataset to its end: nothing to patch
+        assert compat.apply_for_datasets() is False
+        assert not tf_keras_datasets.installed()
+        model.fit(dist, epochs=2, verbose=0)
+        return
+    assert tf_keras_datasets.installed()  # the builder applied it
+    tf_keras_datasets.uninstall()
+    try:
+        with pytest.raises(ValueError, match="must specify the number of steps"):
+            model.fit(dist, epochs=2, verbose=0)
+    finally:
+        assert compat.apply_for_datasets() is True
+    model.fit(dist, epochs=2, verbose=0)
+    assert int(model.optimizer.iterations.numpy()) == 4
+    # A repeating dataset still needs steps_per_epoch, as tf_keras documents.
+    endless = build_distributed_dataset((x, x), strategy=strategy, global_batch_size=4, repeat=True)
+    with pytest.raises(ValueError, match="must specify the number of steps"):
+        model.fit(endless, epochs=1, verbose=0)
+    # Over several workers tf_keras keeps its one-iterator rule, and says what to do instead
+    # (the info of a 2-worker run on this one process's dataset).
+    several = build_distributed_dataset((x, x), strategy=strategy, global_batch_size=4)
+    several.tfdp_info = dataclasses.replace(several.tfdp_info, num_workers=2)
+    with pytest.raises(ValueError, match=r"over 2 workers without steps.*repeat='epochs'"):
+        model.fit(several, epochs=1, verbose=0)
 
 
 # ------------------------------------------------------------------------- bad inputs

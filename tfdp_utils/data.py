@@ -1097,8 +1097,12 @@ def _recording_class(base: type) -> type:
 
 
 def _attach(dist: Any, info: DatasetInfo, plan: ShardingPlan) -> Any:
+    from tfdp_utils import compat
+
     dist.tfdp_info = info
     dist.tfdp_plan = plan
+    # tf_keras: fit/evaluate then take the epoch's steps from tfdp_info, as Keras 3 does.
+    compat.apply_for_datasets()
     try:
         dist.__class__ = _recording_class(type(dist))
     except TypeError:  # pragma: no cover - a class that forbids __class__ assignment

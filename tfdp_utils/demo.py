@@ -193,9 +193,6 @@ def run(
         global_batch_size=global_batch_size,
         shuffle_buffer_size=len(x_train),
         seed=0,
-        # Whole epochs repeated plus steps_per_epoch: the one form both Keras 3 and tf_keras
-        # accept for a distributed dataset.
-        repeat="epochs",
     )
     test = tdu.build_distributed_dataset(
         (x_test, y_test), strategy=strategy, global_batch_size=global_batch_size
@@ -212,15 +209,9 @@ def run(
         )
     logger = ThroughputLogger(str(log_dir), log_every_n_steps=10, warmup_steps=5)
     start = time.perf_counter()
-    net.fit(
-        train,
-        epochs=epochs,
-        steps_per_epoch=train.tfdp_info.steps_per_epoch,
-        callbacks=[logger],
-        verbose=verbose,
-    )
+    net.fit(train, epochs=epochs, callbacks=[logger], verbose=verbose)
     seconds = time.perf_counter() - start
-    loss, accuracy = net.evaluate(test, steps=test.tfdp_info.steps_per_epoch, verbose=0)
+    loss, accuracy = net.evaluate(test, verbose=0)
     return DemoResult(
         accuracy=float(accuracy),
         loss=float(loss),

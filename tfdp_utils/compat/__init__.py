@@ -14,7 +14,13 @@ bug, so that a fixed Keras gets no patch:
 :func:`tfdp_utils.auto_strategy` applies the ones its strategy needs (through
 :func:`apply_for_strategy`); :func:`apply` applies every one whose bug is present. Each is
 applied at most once per process and logged once (logger ``tfdp_utils.compat``, a child of
-``tfdp_utils``). tf_keras is never touched: these bugs live in Keras 3's TensorFlow trainer.
+``tfdp_utils``). These bugs live in Keras 3's TensorFlow trainer; tf_keras's trainer is never
+touched.
+
+On tf_keras, :func:`apply_for_datasets` (:mod:`.tf_keras_datasets`) lets ``fit`` and
+``evaluate`` take a dataset from :func:`tfdp_utils.build_distributed_dataset` without
+``steps_per_epoch``, as Keras 3 does; the builder applies it.
+
 Set ``TFDP_NO_KERAS_PATCHES=1`` to turn them all off.
 
 Examples:
@@ -34,7 +40,7 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-from tfdp_utils.compat import keras_19246, keras_20585, tf_72388
+from tfdp_utils.compat import keras_19246, keras_20585, tf_72388, tf_keras_datasets
 from tfdp_utils.compat._base import (
     KerasCompatError,
     Patch,
@@ -257,6 +263,38 @@ def apply_for_strategy(strategy: Any) -> tuple[str, ...]:
     return _apply(_select(needs), reason)
 
 
+def apply_for_datasets() -> bool:
+    """On tf_keras, let ``fit``/``evaluate`` take builder datasets without ``steps``.
+
+    tf_keras refuses a distributed dataset without ``steps_per_epoch`` and keeps one
+    iterator for all epochs. For a dataset from :func:`tfdp_utils.build_distributed_dataset`
+    that ends each epoch (no ``repeat``) this makes tf_keras infer the epoch's steps from
+    ``dataset.tfdp_info`` and start a fresh pass each epoch, as Keras 3 does. Other inputs
+    keep tf_keras's behaviour. The builder calls this; calling it again does nothing.
+
+    Returns:
+        True when the tf_keras adapter is patched in this process; False on Keras 3, when
+        ``TFDP_NO_KERAS_PATCHES=1``, or when this tf_keras has no adapter to patch.
+    """
+    from tfdp_utils._tf import IS_KERAS3
+
+    with _LOCK:
+        if IS_KERAS3:
+            return False
+        if tf_keras_datasets.installed():
+            return True
+        if disabled():
+            _log_once(
+                "disabled-datasets",
+                logging.WARNING,
+                "tfdp_utils: %s=1: on tf_keras, pass "
+                "steps_per_epoch=dataset.tfdp_info.steps_per_epoch to fit",
+                DISABLE_VARIABLE,
+            )
+            return False
+        return tf_keras_datasets.install()
+
+
 def applied() -> tuple[str, ...]:
     """The upstream issues worked around (fixed or guarded) in this process, in order applied.
 
@@ -306,6 +344,7 @@ __all__ = [
     "WorkaroundStatus",
     "applied",
     "apply",
+    "apply_for_datasets",
     "apply_for_strategy",
     "disabled",
     "needed_for",
