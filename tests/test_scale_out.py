@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import socket
+import subprocess
+import time
 
 import pytest
 from conftest import free_port, start_python, wait_all
@@ -51,9 +54,11 @@ class Script(keras.callbacks.Callback):
         step = int(self.model.optimizer.iterations.numpy())
         if step == at and (mode == "preempt" or rank == victim):
             print(f"{mode.upper()} {time.time()}", flush=True)
-            if mode in ("die", "preempt"):
+            if mode == "die":
                 os.kill(os.getpid(), signal.SIGKILL)
-            time.sleep(600)  # mode == "hang": alive, heartbeating, never joins the next step
+            # "hang": alive, heartbeating, never joins the next step. "preempt": waits here
+            # for the scheduler's SIGKILL, which the test sends once every task is here.
+            time.sleep(600)
 
 callbacks = [Script()]
 if os.environ.get("BACKUP"):
@@ -108,6 +113,36 @@ def _workers(n: int, **env: str) -> list[dict[str, str]]:
     ports = [free_port() for _ in range(n)]
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     return [{"TF_CONFIG": _tf_config(cluster, "worker", i), **env} for i in range(n)]
+
+
+def _kill_when_all_print(
+    processes: list[subprocess.Popen[str]], marker: str, *, timeout: float
+) -> list[tuple[int, str, str]]:
+    """SIGKILL every process once each has printed a line starting with ``marker``.
+
+    Returns what :func:`wait_all` returns. Raises TimeoutError (after killing them all) when
+    the deadline passes first, and AssertionError when a process ends without the line.
+    """
+    deadline = time.monotonic() + timeout
+    seen: list[str] = []
+    try:
+        for process in processes:
+            assert process.stdout is not None
+            while True:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"not every process printed {marker!r} in {timeout} s")
+                ready, _, _ = select.select([process.stdout], [], [], 1.0)
+                if not ready:
+                    continue
+                line = process.stdout.readline()
+                seen.append(line)
+                if line.startswith(marker):
+                    break
+                assert line, f"pid {process.pid} ended before printing {marker!r}: {seen}"
+    finally:
+        for process in processes:
+            process.kill()
+    return wait_all(processes, timeout=30)
 
 
 def _assert_same_training(results: list[tuple[int, str, str]], steps: int) -> list[dict]:
@@ -213,14 +248,16 @@ def test_backup_and_restore_resumes_a_preempted_job_to_the_same_weights(tmp_path
     expected = _assert_same_training(reference, steps=epochs * steps)[0]
 
     backup = str(tmp_path / "backup")
-    # The whole job is preempted in epoch 2 (both tasks killed at step 6)...
-    preempted = wait_all(
+    # The whole job is preempted in epoch 2: both tasks killed from outside after step 6, as
+    # a scheduler kills a job (a task that killed itself would let its peer fail first)...
+    preempted = _kill_when_all_print(
         [
             start_python(TRAIN, env=env)
             for env in _workers(
                 2, EPOCHS=str(epochs), STEPS=str(steps), BACKUP=backup, MODE="preempt", AT="6"
             )
         ],
+        "PREEMPT",
         timeout=150,
     )
     assert [rc for rc, _, _ in preempted] == [-signal.SIGKILL] * 2

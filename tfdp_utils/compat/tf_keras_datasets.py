@@ -29,7 +29,6 @@ from tfdp_utils._tf import IS_KERAS3, KERAS_VERSION
 from tfdp_utils.compat._base import Patch, set_attribute
 from tfdp_utils.dataset_info import info_of
 
-NAME = "tf_keras distributed-dataset steps"
 SUMMARY = (
     "tf_keras needs steps_per_epoch for a distributed dataset and keeps one iterator for all epochs"
 )
@@ -140,4 +139,4 @@ def uninstall() -> None:
         _PATCHES.clear()
 
 
-__all__ = ["NAME", "SUMMARY", "exact_steps", "install", "installed", "uninstall"]
+__all__ = ["MULTI_WORKER_HINT", "SUMMARY", "exact_steps", "install", "installed", "uninstall"]
