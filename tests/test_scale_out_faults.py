@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+from conftest import run_python
 
 import tfdp_utils as tdu
 from tfdp_utils.faults import (
@@ -119,3 +120,36 @@ def test_watchdog_ignores_waits_outside_tensorflow_and_ends_with_its_thread():
     time.sleep(0.3)
     assert not watchdog.running
     watchdog.stop()
+
+
+def test_watchdog_lets_go_of_the_training_frame_before_the_interpreter_finalizes():
+    """A frame the watchdog still holds at exit is freed while the interpreter is intact.
+
+    That frame's locals (dataset iterators in a real job) freed by a daemon thread during
+    finalization abort the process in TensorFlow's C++ destructors after training finished.
+    Here the watchdog samples ``train_step`` once (at 2 s) and would next wake at 4 s, long
+    after the script ends at 2.5 s: only the stop at exit can free the frame in time.
+    """
+    result = run_python(
+        """
+        import sys, time
+        from tfdp_utils.faults import CollectiveWatchdog
+
+        class Iterator:
+            def __del__(self):
+                print(f"freed finalizing={sys.is_finalizing()}", flush=True)
+
+        def train_step():
+            iterator = Iterator()
+            time.sleep(2.5)
+
+        watchdog = CollectiveWatchdog(
+            60.0, interval=2.0, in_call=lambda frame: frame.f_code.co_name == "train_step"
+        ).start()
+        train_step()
+        print("script ends", flush=True)
+        """,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines() == ["script ends", "freed finalizing=False"], result.stdout

@@ -21,11 +21,13 @@ message naming the bound and how to change it. ``model.fit`` then raises
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -39,6 +41,18 @@ COLLECTIVE_TIMEOUT_VARIABLE = "TFDP_COLLECTIVE_TIMEOUT"
 """Environment variable that replaces :data:`DEFAULT_COLLECTIVE_TIMEOUT`; ``0`` turns it off."""
 
 _OFF_WORDS = ("0", "off", "none", "no", "false")
+
+_RUNNING: weakref.WeakSet[CollectiveWatchdog] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_running_watchdogs() -> None:
+    # A watchdog holds the training thread's frame between samples; dropping it frees that
+    # frame's locals (dataset iterators among them). Done by a daemon thread once the
+    # interpreter is finalizing, that free aborts the process in TensorFlow's C++ destructors
+    # ("FATAL: exception not rethrown"), so every watchdog stops here, before finalization.
+    for watchdog in list(_RUNNING):
+        watchdog.stop()
 
 
 def resolve_collective_timeout(
@@ -154,20 +168,30 @@ class CollectiveWatchdog:
                 target=self._run, name="tfdp-collective-watchdog", daemon=True
             )
             self._thread.start()
+            _RUNNING.add(self)
         return self
 
     def stop(self) -> None:
-        """Stop sampling (idempotent)."""
+        """Stop sampling and let go of the training thread's frame (idempotent)."""
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(5.0)
+        _RUNNING.discard(self)
 
     @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
     def _run(self) -> None:
-        held: Any = None  # the frame last seen; held so its identity cannot be reused
+        try:
+            self._sample()
+        finally:
+            _RUNNING.discard(self)
+
+    def _sample(self) -> None:
+        # The frame inside a TensorFlow call, held so its identity cannot be reused; None
+        # between calls, so the training thread's objects are not kept alive longer than that.
+        held: Any = None
         held_lasti = -1
         since = 0.0
         while not self._stop.wait(self.interval):
@@ -175,7 +199,10 @@ class CollectiveWatchdog:
             if frame is None:
                 return  # the training thread has ended
             now = time.monotonic()
-            if frame is held and frame.f_lasti == held_lasti and self._in_call(frame):
+            if not self._in_call(frame):
+                held = frame = None
+                continue
+            if frame is held and frame.f_lasti == held_lasti:
                 waited = now - since
                 if waited >= self.timeout:
                     where = (
