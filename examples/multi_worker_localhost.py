@@ -36,7 +36,6 @@ def train(log_dir: str) -> None:
         global_batch_size=GLOBAL_BATCH_SIZE,
         shuffle_buffer_size=2048,
         seed=0,
-        repeat="epochs",  # with steps_per_epoch below: what tf_keras needs over several workers
     )
     with strategy.scope():
         model = build_model("mlp")
@@ -45,13 +44,7 @@ def train(log_dir: str) -> None:
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         )
     logger = tdu.callbacks.ThroughputLogger(log_dir, log_every_n_steps=10, warmup_steps=5)
-    history = model.fit(
-        train_data,
-        epochs=3,
-        steps_per_epoch=train_data.tfdp_info.steps_per_epoch,
-        verbose=0,
-        callbacks=[logger],
-    )
+    history = model.fit(train_data, epochs=3, verbose=0, callbacks=[logger])
     task = json.loads(os.environ["TF_CONFIG"])["task"]
     checksum = float(sum(float(w.numpy().sum()) for w in model.trainable_weights))
     print(

@@ -5,7 +5,6 @@ Counts are checked against the example ids each replica actually received.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import warnings
 from collections import Counter
@@ -576,12 +575,6 @@ def test_tf_keras_needs_the_dataset_steps_patch() -> None:
     endless = build_distributed_dataset((x, x), strategy=strategy, global_batch_size=4, repeat=True)
     with pytest.raises(ValueError, match="must specify the number of steps"):
         model.fit(endless, epochs=1, verbose=0)
-    # Over several workers tf_keras keeps its one-iterator rule, and says what to do instead
-    # (the info of a 2-worker run on this one process's dataset).
-    several = build_distributed_dataset((x, x), strategy=strategy, global_batch_size=4)
-    several.tfdp_info = dataclasses.replace(several.tfdp_info, num_workers=2)
-    with pytest.raises(ValueError, match=r"over 2 workers without steps.*repeat='epochs'"):
-        model.fit(several, epochs=1, verbose=0)
 
 
 # ------------------------------------------------------------------------- bad inputs

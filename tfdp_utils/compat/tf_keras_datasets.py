@@ -5,18 +5,16 @@ tf_keras refuses every distributed dataset that comes without ``steps_per_epoch`
 given them, keeps one iterator for all epochs: a ``tf.distribute.DistributedDataset`` has no
 cardinality to infer an epoch from. A dataset from
 :func:`tfdp_utils.build_distributed_dataset` knows its exact steps per epoch
-(``dataset.tfdp_info``). For such a dataset on one worker, one that does not repeat and
-whose steps are known, this teaches tf_keras's ``DatasetAdapter`` what it already does for a
+(``dataset.tfdp_info``). For such a dataset, one that does not repeat and whose steps are
+known, this teaches tf_keras's ``DatasetAdapter`` what it already does for a
 finite ``tf.data.Dataset``: take the epoch's steps from the dataset, and start a fresh pass
 each epoch. Keras 3 needs nothing of the kind (it iterates a distributed dataset to its end each
 epoch), so this is installed on tf_keras only.
 
 Every other input keeps tf_keras's behaviour, and so does a call that passes ``steps``
 different from the dataset's own (then tf_keras's one-iterator rule applies, as documented).
-Over several workers (MultiWorkerMirroredStrategy) a fresh pass per epoch on tf_keras
-sometimes aborts the process at exit (``terminate called ... exception not rethrown``, about
-one run in five on TF 2.21), so there ``fit`` without steps raises a ValueError that says to
-build with ``repeat="epochs"`` and pass ``steps_per_epoch``. Verified on tf_keras 2.21.
+Over several workers (MultiWorkerMirroredStrategy) every worker takes the same steps from
+the dataset, which the builder makes equal. Verified on tf_keras 2.21.
 """
 
 from __future__ import annotations
@@ -39,19 +37,10 @@ _LOCK = threading.Lock()
 _PATCHES: list[Patch] = []
 
 
-MULTI_WORKER_HINT = (
-    "tf_keras keeps one iterator for all epochs of a distributed dataset, and a fresh pass "
-    "per epoch over several workers can abort TensorFlow at exit, so tfdp-utils does not "
-    "supply the steps there. Build the dataset with repeat='epochs' and pass "
-    "steps_per_epoch=dataset.tfdp_info.steps_per_epoch to fit (each epoch is still exactly "
-    "one pass on every worker); Keras 3 needs neither."
-)
-
-
 def exact_steps(dataset: Any) -> int | None:
-    """Steps in one epoch of a single-worker builder dataset that ends each epoch, else None."""
+    """Steps in one epoch (on every worker) of a builder dataset that ends each epoch, else None."""
     info = info_of(dataset)
-    if info is None or info.repeat or info.steps_per_epoch is None or info.num_workers > 1:
+    if info is None or info.repeat or info.steps_per_epoch is None:
         return None
     return int(info.steps_per_epoch)
 
@@ -94,12 +83,6 @@ def install() -> bool:
             self: Any, y: Any, sample_weights: Any, steps: Any, *args: Any, **kwargs: Any
         ) -> Any:
             if steps is None:
-                info = info_of(self._dataset)
-                if info is not None and not info.repeat and info.num_workers > 1:
-                    raise ValueError(
-                        "fit/evaluate received a distributed dataset over "
-                        f"{info.num_workers} workers without steps. {MULTI_WORKER_HINT}"
-                    )
                 steps = exact_steps(self._dataset)
             return validate(self, y, sample_weights, steps, *args, **kwargs)
 
@@ -139,4 +122,4 @@ def uninstall() -> None:
         _PATCHES.clear()
 
 
-__all__ = ["MULTI_WORKER_HINT", "SUMMARY", "exact_steps", "install", "installed", "uninstall"]
+__all__ = ["SUMMARY", "exact_steps", "install", "installed", "uninstall"]
