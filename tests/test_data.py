@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import tensorflow as tf
+from id_metrics import id_metrics
 
 import tfdp_utils as tdu
 from tfdp_utils import dataset_info
@@ -492,30 +493,6 @@ def test_keras_fit_consumes_every_example() -> None:
     assert dataset_info.last_iterated() is dist.tfdp_info
 
 
-def _id_metrics(keras: Any, n: int) -> list[Any]:
-    """Metrics that count, per epoch, how often each example id reached the model."""
-
-    class IdCounts(keras.metrics.Metric):  # type: ignore[misc]
-        def __init__(self, name: str, exactly_once: bool) -> None:
-            super().__init__(name=name)
-            self.exactly_once = exactly_once
-            self.counts = self.add_weight(name="counts", shape=(n,), initializer="zeros")
-
-        def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
-            ids = tf.cast(tf.reshape(y_true, [-1]), tf.int32)
-            self.counts.assign_add(tf.math.bincount(ids, minlength=n, maxlength=n, dtype="float32"))
-
-        def result(self) -> Any:
-            if self.exactly_once:
-                return tf.reduce_sum(tf.cast(tf.equal(self.counts, 1.0), "float32"))
-            return tf.reduce_sum(self.counts)
-
-        def reset_state(self) -> None:
-            self.counts.assign(tf.zeros((n,)))
-
-    return [IdCounts("seen", exactly_once=False), IdCounts("once", exactly_once=True)]
-
-
 @pytest.mark.keras
 @pytest.mark.parametrize("steps_per_execution", [1, 3])
 def test_fit_and_evaluate_without_steps_see_every_example_once(steps_per_execution: int) -> None:
@@ -534,7 +511,7 @@ def test_fit_and_evaluate_without_steps_see_every_example_once(steps_per_executi
         model.compile(
             optimizer="sgd",
             loss="mse",
-            metrics=_id_metrics(keras, n),
+            metrics=id_metrics(n),
             steps_per_execution=steps_per_execution,
         )
     history = model.fit(dist, epochs=3, verbose=0)

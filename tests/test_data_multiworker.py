@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 from conftest import REPO, free_port, start_python, tf_config, wait_all
 
+from tfdp_utils._tf import IS_KERAS3
+
 pytestmark = pytest.mark.slow
 
 GLOBAL_BATCH_PER_WORKER = 4
@@ -331,36 +333,16 @@ def test_repeat_epochs_second_epoch_is_exact_too(cluster_run: Any) -> None:
 
 
 FIT_WORKER = r"""
-import json, os
+import json, os, sys
 import numpy as np
 import tfdp_utils as tdu
 from tfdp_utils._tf import IS_KERAS3, keras, tf
 
+sys.path.insert(0, "tests")  # the worker runs in the repository root
+from id_metrics import id_metrics
+
 data_dir, n_arrays = os.environ["DATA_DIR"], int(os.environ["N_ARRAYS"])
 strategy = tdu.auto_strategy(cluster_timeout=60, collective_timeout=120)
-
-
-def id_metrics(n):
-    # Count, per epoch, how often each example id reached the model (inside the train step).
-    class IdCounts(keras.metrics.Metric):
-        def __init__(self, name, exactly_once):
-            super().__init__(name=name)
-            self.exactly_once = exactly_once
-            self.counts = self.add_weight(name="counts", shape=(n,), initializer="zeros")
-
-        def update_state(self, y_true, y_pred, sample_weight=None):
-            ids = tf.cast(tf.reshape(y_true, [-1]), tf.int32)
-            self.counts.assign_add(tf.math.bincount(ids, minlength=n, maxlength=n, dtype="float32"))
-
-        def result(self):
-            if self.exactly_once:
-                return tf.reduce_sum(tf.cast(tf.equal(self.counts, 1.0), "float32"))
-            return tf.reduce_sum(self.counts)
-
-        def reset_state(self):
-            self.counts.assign(tf.zeros((n,)))
-
-    return [IdCounts("seen", False), IdCounts("once", True)]
 
 
 def parse(line):
@@ -406,8 +388,6 @@ def test_fit_and_evaluate_without_steps_over_two_workers(tmp_path: Path) -> None
     workers must run the same number of steps. On tf_keras this needs the dataset adapter
     that ``build_distributed_dataset`` applies; on Keras 3 the keras#20585 workarounds.
     """
-    from tfdp_utils._tf import IS_KERAS3
-
     sizes = (21, 2, 3, 2)  # FILE: 23 examples on one worker, 5 on the other
     next_id = 0
     for index, size in enumerate(sizes):

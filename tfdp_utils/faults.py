@@ -47,10 +47,11 @@ _RUNNING: weakref.WeakSet[CollectiveWatchdog] = weakref.WeakSet()
 
 @atexit.register
 def _stop_running_watchdogs() -> None:
-    # A watchdog holds the training thread's frame between samples; dropping it frees that
-    # frame's locals (dataset iterators among them). Done by a daemon thread once the
-    # interpreter is finalizing, that free aborts the process in TensorFlow's C++ destructors
-    # ("FATAL: exception not rethrown"), so every watchdog stops here, before finalization.
+    # A watchdog holds the training thread's frame while that thread is inside a TensorFlow
+    # call; dropping it frees the frame's locals (dataset iterators among them). Done by a
+    # daemon thread once the interpreter is finalizing, that free aborts the process in
+    # TensorFlow's C++ destructors ("FATAL: exception not rethrown"), so every watchdog stops
+    # here, before finalization (stopping one that has ended already costs nothing).
     for watchdog in list(_RUNNING):
         watchdog.stop()
 
@@ -183,12 +184,6 @@ class CollectiveWatchdog:
         return self._thread is not None and self._thread.is_alive()
 
     def _run(self) -> None:
-        try:
-            self._sample()
-        finally:
-            _RUNNING.discard(self)
-
-    def _sample(self) -> None:
         # The frame inside a TensorFlow call, held so its identity cannot be reused; None
         # between calls, so the training thread's objects are not kept alive longer than that.
         held: Any = None
