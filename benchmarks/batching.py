@@ -32,7 +32,8 @@ _cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(_cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 
 import tfdp_utils as tdu  # noqa: E402
-from tfdp_utils._tf import keras  # noqa: E402
+
+keras = tf.keras
 
 GLOBAL_BATCH = 64
 

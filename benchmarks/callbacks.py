@@ -29,8 +29,11 @@ CHILD = r"""
 import gc, json, os, statistics, sys, tempfile, time
 import numpy as np
 import tensorflow as tf
-from tfdp_utils._tf import KERAS_FLAVOUR, KERAS_VERSION, keras
+import tfdp_utils as tdu
 from tfdp_utils.callbacks import ThroughputLogger
+
+keras = tf.keras
+KERAS_FLAVOUR, KERAS_VERSION = tdu.KERAS_FLAVOUR, tdu.compat.keras_version()
 
 steps, repeats, rss_steps = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 x = np.random.default_rng(0).normal(size=(1024, 16)).astype("float32")

@@ -30,8 +30,13 @@ import tensorflow as tf
 _cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(_cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 
-from tfdp_utils import compat  # noqa: E402
-from tfdp_utils._tf import IS_KERAS3, KERAS_FLAVOUR, keras  # noqa: E402
+from tfdp_utils import (  # noqa: E402
+    IS_KERAS3,
+    KERAS_FLAVOUR,
+    compat,
+)
+
+keras = tf.keras
 from tfdp_utils.compat import keras_19246  # noqa: E402
 
 

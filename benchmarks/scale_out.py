@@ -27,7 +27,9 @@ WORKER = r"""
 import json, os, sys, time
 import numpy as np
 import tfdp_utils as tdu
-from tfdp_utils._tf import tf, keras
+import tensorflow as tf
+
+keras = tf.keras
 
 mode = os.environ["MODE"]
 if mode == "tf_timeout":

@@ -14,8 +14,11 @@ from tfdp_utils.demo import build_model, configure_replicas, load_data
 
 configure_replicas(2)
 
+import tensorflow as tf  # noqa: E402
+
 import tfdp_utils as tdu  # noqa: E402
-from tfdp_utils._tf import keras  # noqa: E402
+
+keras = tf.keras  # Keras 3, or tf_keras when TF_USE_LEGACY_KERAS=1
 
 GLOBAL_BATCH_SIZE = 64
 EPOCHS = 3

@@ -24,9 +24,12 @@ GLOBAL_BATCH_SIZE = 64
 
 def train(log_dir: str) -> None:
     """What each worker runs: the same script as on one machine."""
+    import tensorflow as tf
+
     import tfdp_utils as tdu
-    from tfdp_utils._tf import keras
     from tfdp_utils.demo import build_model, load_data
+
+    keras = tf.keras  # Keras 3, or tf_keras when TF_USE_LEGACY_KERAS=1
 
     strategy = tdu.auto_strategy(cluster_timeout=120)  # MultiWorkerMirroredStrategy from TF_CONFIG
     _, (x_train, y_train), _ = load_data()

@@ -22,9 +22,11 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     """What each Ray worker runs: auto_strategy + dataset builder + ThroughputLogger + fit."""
     import numpy as np
     import ray.train
+    import tensorflow as tf
 
     import tfdp_utils as tdu
-    from tfdp_utils._tf import KERAS_FLAVOUR, keras
+
+    keras = tf.keras  # Keras 3, or tf_keras when TF_USE_LEGACY_KERAS=1
 
     strategy = tdu.auto_strategy(cluster_timeout=120)
     rng = np.random.RandomState(0)
@@ -44,7 +46,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
         "loss": float(history.history["loss"][-1]),
         "replicas": int(strategy.num_replicas_in_sync),
         "strategy": type(strategy).__name__,
-        "keras": KERAS_FLAVOUR,
+        "keras": tdu.KERAS_FLAVOUR,
         "iterations": int(model.optimizer.iterations.numpy()),
         "weights_sum": float(sum(float(w.sum()) for w in model.get_weights())),
         "examples_per_sec": float(logger.summary().get("examples_per_sec") or 0.0),

@@ -181,7 +181,7 @@ def test_non_positive_warmup_steps_are_rejected(bad):
 
 @pytest.mark.parametrize("bad", [2.5, 5.0, "5", True, None])
 def test_non_integer_warmup_steps_are_rejected(bad):
-    with pytest.raises(TypeError, match="warmup_steps must be an integer number of optimizer"):
+    with pytest.raises(TypeError, match="warmup_steps must be an integer, but received"):
         tdu.WarmupSchedule(0.1, bad)
 
 

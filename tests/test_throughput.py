@@ -77,8 +77,8 @@ def test_summary_before_any_window_has_counts_only() -> None:
     ("kwargs", "error", "match"),
     [
         ({"num_replicas": 0}, ValueError, "num_replicas=0"),
-        ({"warmup_steps": -1}, ValueError, "warmup_steps=-1 is negative"),
-        ({"warmup_steps": 1.5}, TypeError, "warmup_steps=1.5"),
+        ({"warmup_steps": -1}, ValueError, r"warmup_steps=-1\. Pass 0 to measure"),
+        ({"warmup_steps": 1.5}, TypeError, r"warmup_steps must be an integer.*1\.5"),
         ({"flops_per_example": -3.0}, ValueError, "flops_per_example=-3.0"),
         ({"peak_flops_per_replica": 1e12}, ValueError, "without flops_per_example"),
     ],

@@ -6,30 +6,92 @@
 >>> model.fit(dataset, callbacks=[tdu.callbacks.ThroughputLogger("logs")])  # doctest: +SKIP
 """
 
-from tfdp_utils import callbacks, compat
-from tfdp_utils._tf import IS_KERAS3, KERAS_FLAVOUR
-from tfdp_utils.batching import (
-    global_batch_size,
-    num_replicas_in_sync,
-    per_replica_batch_size,
-    scale_learning_rate,
-    steps_per_epoch,
-)
-from tfdp_utils.cluster import ClusterConfig, ClusterTimeoutError, cluster_task_type
-from tfdp_utils.data import ShardingPlan, build_distributed_dataset, plan_sharding
-from tfdp_utils.dataset_info import DatasetInfo
-from tfdp_utils.environment import Environment, detect_environment
-from tfdp_utils.faults import worker_backup_dir
-from tfdp_utils.schedules import WarmupSchedule
-from tfdp_utils.strategy import (
-    StrategyChoice,
-    TPUProbeError,
-    auto_strategy,
-    choose_strategy,
-    run_server,
-)
-from tfdp_utils.throughput import ThroughputMeter
-from tfdp_utils.training import make_distributed_train_step
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tfdp_utils import callbacks, compat
+    from tfdp_utils._tf import IS_KERAS3, KERAS_FLAVOUR
+    from tfdp_utils.batching import (
+        global_batch_size,
+        num_replicas_in_sync,
+        per_replica_batch_size,
+        scale_learning_rate,
+        steps_per_epoch,
+    )
+    from tfdp_utils.cluster import ClusterConfig, ClusterTimeoutError, cluster_task_type
+    from tfdp_utils.data import ShardingPlan, build_distributed_dataset, plan_sharding
+    from tfdp_utils.dataset_info import DatasetInfo
+    from tfdp_utils.environment import Environment, detect_environment
+    from tfdp_utils.faults import worker_backup_dir
+    from tfdp_utils.schedules import WarmupSchedule
+    from tfdp_utils.strategy import (
+        StrategyChoice,
+        TPUProbeError,
+        auto_strategy,
+        choose_strategy,
+        run_server,
+    )
+    from tfdp_utils.throughput import ThroughputMeter
+    from tfdp_utils.training import make_distributed_train_step
+
+# Public name -> the module that defines it. Importing tfdp_utils imports no TensorFlow; a
+# name loads its module on first use, so the pure modules (cluster, throughput, ...) and the
+# command line work without TensorFlow installed.
+_HOMES: dict[str, str] = {
+    "IS_KERAS3": "tfdp_utils._tf",
+    "KERAS_FLAVOUR": "tfdp_utils._tf",
+    "ClusterConfig": "tfdp_utils.cluster",
+    "ClusterTimeoutError": "tfdp_utils.cluster",
+    "DatasetInfo": "tfdp_utils.dataset_info",
+    "Environment": "tfdp_utils.environment",
+    "ShardingPlan": "tfdp_utils.data",
+    "StrategyChoice": "tfdp_utils.strategy",
+    "TPUProbeError": "tfdp_utils.strategy",
+    "ThroughputMeter": "tfdp_utils.throughput",
+    "WarmupSchedule": "tfdp_utils.schedules",
+    "auto_strategy": "tfdp_utils.strategy",
+    "build_distributed_dataset": "tfdp_utils.data",
+    "choose_strategy": "tfdp_utils.strategy",
+    "cluster_task_type": "tfdp_utils.cluster",
+    "detect_environment": "tfdp_utils.environment",
+    "global_batch_size": "tfdp_utils.batching",
+    "make_distributed_train_step": "tfdp_utils.training",
+    "num_replicas_in_sync": "tfdp_utils.batching",
+    "per_replica_batch_size": "tfdp_utils.batching",
+    "plan_sharding": "tfdp_utils.data",
+    "run_server": "tfdp_utils.strategy",
+    "scale_learning_rate": "tfdp_utils.batching",
+    "steps_per_epoch": "tfdp_utils.batching",
+    "worker_backup_dir": "tfdp_utils.faults",
+}
+_SUBMODULES = frozenset({"callbacks", "compat"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        value: Any = importlib.import_module(f"tfdp_utils.{name}")
+    elif name in _HOMES:
+        value = getattr(importlib.import_module(_HOMES[name]), name)
+    else:
+        raise AttributeError(f"module 'tfdp_utils' has no attribute {name!r}")
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if "tensorflow" in sys.modules:
+    # TensorFlow is in use: register WarmupSchedule with Keras now, so that load_model finds
+    # it after `import tensorflow; import tfdp_utils` (any TensorFlow part of tfdp-utils also
+    # registers it on first use).
+    importlib.import_module("tfdp_utils._tf")
+
 
 __version__ = "0.1.0"
 

@@ -7,8 +7,6 @@ tf_keras when ``TF_USE_LEGACY_KERAS=1`` was set before TensorFlow resolved ``tf.
 
 from __future__ import annotations
 
-import importlib
-import os
 from typing import Any
 
 _INSTALL_HINT = (
@@ -58,11 +56,6 @@ IS_KERAS3: bool = KERAS_VERSION.split(".")[0] == "3"
 KERAS_FLAVOUR: str = "keras3" if IS_KERAS3 else "tf_keras"
 
 
-def legacy_keras_requested() -> bool:
-    """Whether ``TF_USE_LEGACY_KERAS`` asks for tf_keras in this process."""
-    return os.environ.get("TF_USE_LEGACY_KERAS", "").strip().lower() in ("1", "true", "yes")
-
-
 def tensorflow_flavour() -> str:
     """Name of the installed TensorFlow distribution (``tensorflow-cpu``, ``tensorflow``, ...).
 
@@ -94,21 +87,112 @@ def tensorflow_flavour() -> str:
     return "unknown"
 
 
-def optional_import(name: str) -> Any | None:
-    """Import ``name`` or return None when it is not installed."""
+# ------------------------------------------------------------------ private TF/Keras APIs
+# Every private TensorFlow or Keras name tfdp-utils reads goes through a helper below, so a
+# TensorFlow upgrade can be checked here. (compat/ patches private Keras methods by design:
+# each of its modules names the upstream issue and the method it replaces.)
+
+
+def in_multi_worker_mode(strategy: Any) -> bool:
+    """Whether ``strategy`` spans more than one worker (``extended._in_multi_worker_mode``)."""
+    probe = getattr(getattr(strategy, "extended", None), "_in_multi_worker_mode", None)
+    return bool(probe()) if callable(probe) else False
+
+
+def input_context(strategy: Any) -> Any | None:
+    """The ``tf.distribute.InputContext`` ``strategy`` gives this worker's input pipeline.
+
+    ``extended._make_input_context`` is what ``distribute_datasets_from_function`` calls;
+    None for a strategy without one.
+    """
+    make = getattr(getattr(strategy, "extended", None), "_make_input_context", None)
+    return make() if make is not None else None
+
+
+def bump_collective_keys(strategy_class: Any, stride: int) -> None:
+    """Move ``strategy_class``'s collective key base by ``stride`` (``_collective_key_base``).
+
+    Several MirroredStrategy objects over different devices in one process otherwise reuse
+    collective group keys and abort; TensorFlow's own tests move the base the same way.
+    """
+    base = getattr(strategy_class, "_collective_key_base", None)
+    if isinstance(base, int):
+        strategy_class._collective_key_base = base + stride
+
+
+def dataset_graph_ops(dataset: Any) -> set[str]:
+    """Op names in ``dataset``'s serialized graph (``Dataset._as_serialized_graph``)."""
+    graph_def = tf.compat.v1.GraphDef()
+    graph_def.ParseFromString(dataset._as_serialized_graph().numpy())
+    ops = {node.op for node in graph_def.node}
+    for function in graph_def.library.function:
+        ops.update(node.op for node in function.node_def)
+    return ops
+
+
+def dataset_input(dataset: Any) -> Any | None:
+    """The dataset ``dataset`` transforms (``_input_dataset``), or None for a source."""
+    return getattr(dataset, "_input_dataset", None)
+
+
+def dataset_class_name(dataset: Any) -> str:
+    """The private tf.data class implementing ``dataset`` (``_MapDataset``, ``_BatchDataset``)."""
+    return type(dataset).__name__
+
+
+def eager_context() -> Any:
+    """TensorFlow's eager context module (``tensorflow.python.eager.context``)."""
+    from tensorflow.python.eager import context
+
+    return context
+
+
+def framework_errors() -> Any:
+    """TensorFlow's ``tensorflow.python.framework.errors`` (``UnavailableError`` and kin)."""
+    from tensorflow.python.framework import errors
+
+    return errors
+
+
+def distributed_variable(variable: Any) -> Any | None:
+    """The ``tf.Variable`` behind ``variable`` (Keras 3 wraps it in ``.value``), or None.
+
+    A variable is recognised by the ``_distribute_strategy`` attribute tf.distribute gives it.
+    """
+    if hasattr(variable, "_distribute_strategy"):
+        return variable
+    inner = getattr(variable, "value", None)
+    return inner if hasattr(inner, "_distribute_strategy") else None
+
+
+def runtime_initialized() -> bool:
+    """Whether TensorFlow's eager context already holds its devices (``_context_handle``)."""
     try:
-        return importlib.import_module(name)
-    except ImportError:
-        return None
+        return eager_context().context()._context_handle is not None
+    except AttributeError:  # pragma: no cover - private API moved
+        return False
 
 
 __all__ = [
     "IS_KERAS3",
     "KERAS_FLAVOUR",
     "KERAS_VERSION",
+    "bump_collective_keys",
+    "dataset_class_name",
+    "dataset_graph_ops",
+    "dataset_input",
+    "distributed_variable",
+    "eager_context",
+    "framework_errors",
+    "in_multi_worker_mode",
+    "input_context",
     "keras",
-    "legacy_keras_requested",
-    "optional_import",
+    "runtime_initialized",
     "tensorflow_flavour",
     "tf",
 ]
+
+# Keras finds WarmupSchedule by its registered name when it loads a saved model: register it
+# whenever tfdp-utils touches TensorFlow (tfdp_utils/__init__ imports this module when
+# TensorFlow is already imported).
+from tfdp_utils import schedules as _schedules  # noqa: E402,F401

@@ -12,10 +12,10 @@ The arithmetic here is plain Python; ``strategy=None`` means the strategy in sco
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Any, Literal
 
 from tfdp_utils._tf import tf
+from tfdp_utils._validate import positive_float, positive_int
 
 ScalingRule = Literal["linear", "sqrt", "none"]
 SCALING_RULES: tuple[str, ...] = ("linear", "sqrt", "none")
@@ -29,33 +29,8 @@ def _strategy_name(strategy: Any) -> str:
 
 
 def check_size(value: Any, name: str, *, minimum: int = 1) -> int:
-    """Return ``value`` as an ``int`` if it is a whole number >= ``minimum``, else raise.
-
-    Args:
-        value: the size to check; a Python or NumPy integer (not a bool, not a float).
-        name: the argument name used in the error message.
-        minimum: the smallest value allowed. Defaults to `1`.
-
-    Returns:
-        ``value`` as a Python ``int``.
-
-    Raises:
-        TypeError: ``value`` is not an integer (e.g. ``64.0`` or ``"64"``).
-        ValueError: ``value`` is smaller than ``minimum``.
-    """
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        hint = ""
-        if isinstance(value, float) and value.is_integer():
-            hint = f" Pass {name}={int(value)}."
-        raise TypeError(
-            f"{name} must be an integer, but received {value!r} of type "
-            f"{type(value).__name__}.{hint}"
-        )
-    number = int(value)
-    if number < minimum:
-        what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-        raise ValueError(f"{name} must be {what}, but received {name}={number}.")
-    return number
+    """``value`` as an ``int`` >= ``minimum``, else a clear error (``_validate.positive_int``)."""
+    return positive_int(value, name, minimum=minimum)
 
 
 def num_replicas_in_sync(strategy: Any = None) -> int:
@@ -172,17 +147,6 @@ def per_replica_batch_size(global_batch_size: int, *, strategy: Any = None) -> i
     return split_batch_size(global_batch_size, num_replicas_in_sync(strategy), where=where)
 
 
-def _check_rate(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(
-            f"{name} must be a number, but received {value!r} of type {type(value).__name__}."
-        )
-    rate = float(value)
-    if not math.isfinite(rate) or rate <= 0:
-        raise ValueError(f"{name} must be a positive finite number, but received {name}={value!r}.")
-    return rate
-
-
 def scale_learning_rate(
     base_learning_rate: float,
     *,
@@ -215,7 +179,7 @@ def scale_learning_rate(
         >>> tdu.scale_learning_rate(0.1, base_batch_size=256, global_batch_size=1024)
         0.4
     """
-    rate = _check_rate(base_learning_rate, "base_learning_rate")
+    rate = positive_float(base_learning_rate, "base_learning_rate")
     base = check_size(base_batch_size, "base_batch_size")
     size = check_size(global_batch_size, "global_batch_size")
     if rule == "linear":

@@ -402,7 +402,7 @@ def _bind_host(host: str) -> str:
     return ""
 
 
-def _reachable(address: str, timeout: float) -> bool:
+def reachable(address: str, timeout: float) -> bool:
     """Whether ``address`` accepts a TCP connection within ``timeout`` seconds."""
     host, _, port = address.rpartition(":")
     try:
@@ -574,7 +574,7 @@ def wait_for_servers(config: ClusterConfig, *, timeout: float, poll_interval: fl
         pending = [
             task
             for task in pending
-            if not _reachable(task[2], min(1.0, max(deadline - time.monotonic(), 0.05)))
+            if not reachable(task[2], min(1.0, max(deadline - time.monotonic(), 0.05)))
         ]
         if not pending:
             break
@@ -602,6 +602,7 @@ __all__ = [
     "expand_tasks_per_node",
     "parse_slurm",
     "parse_tf_config",
+    "reachable",
     "validate_cluster",
     "wait_for_peers",
     "wait_for_servers",

@@ -61,21 +61,12 @@ class Environment:
         return ", ".join(parts)
 
 
-def _runtime_initialized() -> bool:
-    """Whether TensorFlow's eager context already holds its devices."""
-    try:
-        from tensorflow.python.eager import context
-
-        return context.context()._context_handle is not None
-    except (ImportError, AttributeError):  # pragma: no cover - private API moved
-        return False
-
-
 def _logical_names(device_type: str) -> tuple[str, ...]:
     """Logical device names of one type, without initialising the runtime when possible."""
+    from tfdp_utils import _tf
     from tfdp_utils._tf import tf
 
-    if _runtime_initialized():
+    if _tf.runtime_initialized():
         # After a cluster connects, names carry "/job:worker/..."; keep the local part.
         names = [d.name.rsplit("/", 1)[-1] for d in tf.config.list_logical_devices(device_type)]
         return tuple(f"/{name}" if name.startswith("device:") else name for name in names)

@@ -114,10 +114,10 @@ def _tensorflow_dir() -> str:
 
 
 def _abort_collectives(message: str) -> None:
-    from tensorflow.python.eager import context
-    from tensorflow.python.framework import errors
+    from tfdp_utils import _tf
 
-    context.context().abort_collective_ops(errors.DEADLINE_EXCEEDED, message)
+    errors = _tf.framework_errors()
+    _tf.eager_context().context().abort_collective_ops(errors.DEADLINE_EXCEEDED, message)
 
 
 class CollectiveWatchdog:
@@ -238,18 +238,13 @@ def worker_backup_dir(backup_dir: str | os.PathLike[str], strategy: Any = None) 
         >>> model.fit(dist, callbacks=[keras.callbacks.BackupAndRestore(backup)])  # doctest: +SKIP
     """
     from tfdp_utils._tf import IS_KERAS3, tf
+    from tfdp_utils.topology import position_of
 
     base = os.fspath(backup_dir)
-    strategy = strategy or tf.distribute.get_strategy()
-    resolver = getattr(strategy, "cluster_resolver", None)
-    extended = getattr(strategy, "extended", None)
-    workers = int(getattr(extended, "_num_workers", 1) or 1)
-    if not IS_KERAS3 or resolver is None or workers <= 1:
+    position = position_of(strategy or tf.distribute.get_strategy())
+    if not IS_KERAS3 or not position.is_multi_worker:
         return base
-    rank = int(resolver.task_id)
-    if resolver.task_type == "worker" and "chief" in resolver.cluster_spec().as_dict():
-        rank += 1
-    return base.rstrip("/") + f"/worker_{rank}"
+    return base.rstrip("/") + f"/worker_{position.index}"
 
 
 __all__ = [

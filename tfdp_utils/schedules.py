@@ -9,24 +9,13 @@ is registered for Keras serialization, so a compiled model that uses it survives
 
 from __future__ import annotations
 
-import math
 import numbers
 from typing import Any
 
 from tfdp_utils._tf import KERAS_FLAVOUR, keras, tf
+from tfdp_utils._validate import positive_float, positive_int
 
 _LearningRateSchedule: Any = keras.optimizers.schedules.LearningRateSchedule
-
-
-def _check_rate(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(
-            f"{name} must be a number, but received {value!r} of type {type(value).__name__}."
-        )
-    rate = float(value)
-    if not math.isfinite(rate) or rate < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, but received {name}={value!r}.")
-    return rate
 
 
 def _check_after(after: Any) -> Any:
@@ -104,20 +93,20 @@ class WarmupSchedule(_LearningRateSchedule):  # type: ignore[misc]
         name: str | None = None,
     ) -> None:
         super().__init__()
-        self.target_learning_rate = _check_rate(target_learning_rate, "target_learning_rate")
-        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, numbers.Integral):
-            raise TypeError(
-                f"warmup_steps must be an integer number of optimizer steps, but received "
-                f"{warmup_steps!r} of type {type(warmup_steps).__name__}. For a warm-up in "
-                "epochs pass epochs * steps_per_epoch(num_examples, global_batch_size)."
+        self.target_learning_rate = positive_float(
+            target_learning_rate, "target_learning_rate", allow_zero=True
+        )
+        if isinstance(warmup_steps, numbers.Integral):
+            hint = "Without a warm-up, use the target rate (or `after`) directly."
+        else:
+            hint = (
+                "It counts optimizer steps; for a warm-up in epochs pass "
+                "epochs * steps_per_epoch(num_examples, global_batch_size)."
             )
-        if warmup_steps <= 0:
-            raise ValueError(
-                f"warmup_steps must be a positive integer, but received warmup_steps="
-                f"{warmup_steps}. Without a warm-up, use the target rate (or `after`) directly."
-            )
-        self.warmup_steps = int(warmup_steps)
-        self.initial_learning_rate = _check_rate(initial_learning_rate, "initial_learning_rate")
+        self.warmup_steps = positive_int(warmup_steps, "warmup_steps", hint=hint)
+        self.initial_learning_rate = positive_float(
+            initial_learning_rate, "initial_learning_rate", allow_zero=True
+        )
         self.after = _check_after(after)
         self.name = name
 

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from tfdp_utils import dataset_info
+from tfdp_utils._validate import env_seconds, positive_float
 from tfdp_utils.cluster import ClusterConfig, wait_for_peers, wait_for_servers
 from tfdp_utils.environment import Environment, detect_environment
 from tfdp_utils.faults import (
@@ -24,6 +25,7 @@ from tfdp_utils.faults import (
     CollectiveWatchdog,
     resolve_collective_timeout,
 )
+from tfdp_utils.topology import is_multi_worker
 
 logger = logging.getLogger("tfdp_utils")
 
@@ -271,16 +273,11 @@ _CACHE_LOCK = threading.Lock()
 
 def _cluster_timeout(value: float) -> float:
     override = os.environ.get(CLUSTER_TIMEOUT_VARIABLE)
+    name = "cluster_timeout"
     if override and value == DEFAULT_CLUSTER_TIMEOUT:
-        try:
-            value = float(override)
-        except ValueError:
-            raise ValueError(
-                f"{CLUSTER_TIMEOUT_VARIABLE}={override!r} is not a number of seconds."
-            ) from None
-    if not value > 0:
-        raise ValueError(f"cluster_timeout={value!r} must be a positive number of seconds.")
-    return value
+        name = CLUSTER_TIMEOUT_VARIABLE
+        value = env_seconds(name, override, example=DEFAULT_CLUSTER_TIMEOUT)
+    return positive_float(value, name, unit="number of seconds")
 
 
 def _call_with_timeout(fn: Any, timeout: float, what: str) -> Any:
@@ -309,7 +306,7 @@ def _call_with_timeout(fn: Any, timeout: float, what: str) -> Any:
 def _connect_tpu(address: str | None, probe_timeout: float) -> Any:
     """Resolve, reach and initialise a TPU, each networked step bounded by ``probe_timeout``."""
     from tfdp_utils._tf import tf
-    from tfdp_utils.cluster import _reachable
+    from tfdp_utils.cluster import reachable
 
     key = ("tpu", address)
     with _CACHE_LOCK:
@@ -323,7 +320,7 @@ def _connect_tpu(address: str | None, probe_timeout: float) -> Any:
     master = str(resolver.master() or "")
     if master.startswith("grpc://"):
         target = master[len("grpc://") :]
-        if not _reachable(target, probe_timeout):
+        if not reachable(target, probe_timeout):
             raise TimeoutError(
                 f"TPU worker {target} did not accept a connection within "
                 f"probe_timeout={probe_timeout:g} s"
@@ -404,9 +401,8 @@ def _build_multi_worker(
         strategy = tf.distribute.MultiWorkerMirroredStrategy(
             cluster_resolver=resolver, communication_options=options
         )
-    strategy._tfdp_watchdog = None
-    if collective_timeout is not None and int(strategy.extended._num_workers) > 1:
-        strategy._tfdp_watchdog = CollectiveWatchdog(collective_timeout).start()
+    if collective_timeout is not None and is_multi_worker(strategy):
+        CollectiveWatchdog(collective_timeout).start()  # its thread keeps it alive
         logger.info(
             "tfdp_utils: multi-worker calls are bounded by collective_timeout=%g s (change it "
             "with auto_strategy(collective_timeout=SECONDS) or %s)",
@@ -502,19 +498,6 @@ def run_server(*, cluster_resolver: Any = None, environ: Any = None) -> None:
     server.join()
 
 
-def _fresh_collective_keys(strategy_class: Any) -> None:
-    """Give the next strategy of ``strategy_class`` its own range of collective group keys.
-
-    Every MirroredStrategy in a process starts its group keys at the same number, and
-    TensorFlow aborts the process when one key meets two different device sets (a notebook
-    that builds a 2-device strategy, then a 4-device one). TensorFlow's own tests move the
-    class's key base between strategies; so does this.
-    """
-    base = getattr(strategy_class, "_collective_key_base", None)
-    if isinstance(base, int):
-        strategy_class._collective_key_base = base + _COLLECTIVE_KEY_STRIDE
-
-
 def build_strategy(
     choice: StrategyChoice,
     *,
@@ -529,6 +512,7 @@ def build_strategy(
     ``collective_timeout`` here is the resolved bound (None: unbounded); see
     :func:`auto_strategy`.
     """
+    from tfdp_utils import _tf
     from tfdp_utils._tf import tf
 
     if choice.kind == "parameter_server":
@@ -547,7 +531,10 @@ def build_strategy(
             num_gpus=num_gpus,
         )
     if choice.kind == "mirrored":
-        _fresh_collective_keys(tf.distribute.MirroredStrategy)
+        # Every MirroredStrategy in a process starts its collective group keys at the same
+        # number; TensorFlow aborts when one key meets two device sets (a notebook that
+        # builds a 2-device strategy, then a 4-device one), so each gets its own range.
+        _tf.bump_collective_keys(tf.distribute.MirroredStrategy, _COLLECTIVE_KEY_STRIDE)
         return tf.distribute.MirroredStrategy(
             devices=list(choice.devices), cross_device_ops=cross_device_ops
         )

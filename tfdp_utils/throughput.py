@@ -11,9 +11,10 @@ and the first batches make steps slow) produce no rates and are excluded from ev
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Sequence
 from typing import Any
+
+from tfdp_utils._validate import positive_float, positive_int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,20 +47,8 @@ class ThroughputWindow:
     mfu: float | None = None
 
 
-def _check_count(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name}={value!r} is not an int; expected a whole number of steps.")
-    return value
-
-
-def _check_positive_float(name: str, value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name}={value!r} is not a number; expected a positive float or None.")
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name}={value!r} must be a positive, finite number (or None).")
-    return float(value)
+def _optional_positive(value: Any, name: str) -> float | None:
+    return None if value is None else positive_float(value, name, hint="Or pass None.")
 
 
 class ThroughputMeter:
@@ -104,20 +93,17 @@ class ThroughputMeter:
         flops_per_example: float | None = None,
         peak_flops_per_replica: float | None = None,
     ) -> None:
-        _check_count("num_replicas", num_replicas)
-        _check_count("warmup_steps", warmup_steps)
-        if num_replicas < 1:
-            raise ValueError(f"num_replicas={num_replicas} must be at least 1.")
-        if warmup_steps < 0:
-            raise ValueError(
-                f"warmup_steps={warmup_steps} is negative; pass 0 to measure from the first "
-                "step, or a positive number of steps to leave out while tracing warms up."
-            )
-        self.num_replicas = num_replicas
-        self.warmup_steps = warmup_steps
-        self.flops_per_example = _check_positive_float("flops_per_example", flops_per_example)
-        self.peak_flops_per_replica = _check_positive_float(
-            "peak_flops_per_replica", peak_flops_per_replica
+        self.num_replicas = positive_int(num_replicas, "num_replicas")
+        self.warmup_steps = positive_int(
+            warmup_steps,
+            "warmup_steps",
+            minimum=0,
+            hint="Pass 0 to measure from the first step, or a positive number of steps to "
+            "leave out while tracing warms up.",
+        )
+        self.flops_per_example = _optional_positive(flops_per_example, "flops_per_example")
+        self.peak_flops_per_replica = _optional_positive(
+            peak_flops_per_replica, "peak_flops_per_replica"
         )
         if self.peak_flops_per_replica is not None and self.flops_per_example is None:
             raise ValueError(

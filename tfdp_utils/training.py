@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tfdp_utils._tf import IS_KERAS3, KERAS_FLAVOUR, keras, tf
-from tfdp_utils.batching import check_size
+from tfdp_utils._tf import IS_KERAS3, KERAS_FLAVOUR, distributed_variable, keras, tf
+from tfdp_utils._validate import positive_int
 
 _NO_REDUCTION = ("none", None)
 
@@ -54,18 +54,10 @@ def _resolve_loss(loss: Any) -> Callable[..., Any]:
     return loss  # type: ignore[no-any-return]
 
 
-def _tf_variable(variable: Any) -> Any:
-    """The ``tf.Variable`` behind ``variable`` (Keras 3 wraps it in ``.value``), or None."""
-    if hasattr(variable, "_distribute_strategy"):
-        return variable
-    inner = getattr(variable, "value", None)
-    return inner if hasattr(inner, "_distribute_strategy") else None
-
-
 def _check_in_scope(strategy: Any, variables: Sequence[Any], what: str) -> None:
     outside = []
     for variable in variables:
-        tf_variable = _tf_variable(variable)
+        tf_variable = distributed_variable(variable)
         if tf_variable is not None and not strategy.extended.variable_created_in_scope(tf_variable):
             outside.append(str(getattr(variable, "name", variable)))
     if outside:
@@ -211,7 +203,7 @@ def make_distributed_train_step(
     metric_list = _resolve_metrics(metrics)
     fixed_size = None
     if global_batch_size is not None:
-        fixed_size = check_size(global_batch_size, "global_batch_size")
+        fixed_size = positive_int(global_batch_size, "global_batch_size")
     if not getattr(model, "built", False) or not model.trainable_variables:
         raise ValueError(
             f"model {getattr(model, 'name', model)!r} has no trainable variables yet. Build it "

@@ -35,11 +35,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import threading
 from collections.abc import Iterable
 from typing import Any
 
+from tfdp_utils._validate import env_flag
 from tfdp_utils.compat import keras_19246, keras_20585, tf_72388, tf_keras_datasets
 from tfdp_utils.compat._base import (
     KerasCompatError,
@@ -94,7 +94,7 @@ class WorkaroundStatus:
 
 def disabled() -> bool:
     """Whether ``TFDP_NO_KERAS_PATCHES`` turns the workarounds off in this process."""
-    return os.environ.get(DISABLE_VARIABLE, "").strip().lower() in ("1", "true", "yes", "on")
+    return env_flag(DISABLE_VARIABLE)
 
 
 def _log_once(key: str, level: int, message: str, *args: Any) -> None:

@@ -82,14 +82,6 @@ def keras_version() -> str:
     return KERAS_VERSION
 
 
-def is_multi_worker(strategy: Any) -> bool:
-    """True for a MultiWorkerMirroredStrategy whose cluster has more than one worker."""
-    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        return False
-    in_multi_worker_mode = getattr(strategy.extended, "_in_multi_worker_mode", None)
-    return bool(in_multi_worker_mode()) if in_multi_worker_mode is not None else True
-
-
 def is_mirrored_family(strategy: Any) -> bool:
     """MirroredStrategy or MultiWorkerMirroredStrategy (they trace replicas in threads)."""
     return isinstance(

@@ -22,9 +22,9 @@ from tfdp_utils.compat._base import (
     Patch,
     Workaround,
     first_local_value,
-    is_multi_worker,
     set_attribute,
 )
+from tfdp_utils.topology import is_multi_worker
 
 ISSUE = "keras#20585"
 

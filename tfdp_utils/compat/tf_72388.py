@@ -17,7 +17,8 @@ from types import ModuleType
 from typing import Any
 
 from tfdp_utils._tf import tf
-from tfdp_utils.compat._base import Patch, Workaround, is_multi_worker, set_attribute
+from tfdp_utils.compat._base import Patch, Workaround, set_attribute
+from tfdp_utils.topology import is_multi_worker
 
 ISSUE = "tensorflow#72388"
 

@@ -1,0 +1,104 @@
+"""Argument and environment-variable checks with one message form, pure Python.
+
+Every message says what was received, what was expected and, where there is one, how to fix
+it: ``"{name} must be {expected}, but received {value!r} ...{hint}"`` (STYLE.md §4).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping
+from typing import Any
+
+TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+"""Values of an environment flag that mean "on" (compared after strip() and lower())."""
+
+
+def _suffix(hint: str) -> str:
+    return f" {hint}" if hint else ""
+
+
+def positive_int(value: Any, name: str, *, minimum: int = 1, hint: str = "") -> int:
+    """``value`` as an ``int`` when it is a whole number >= ``minimum``, else a clear error.
+
+    Args:
+        value: a Python or NumPy integer (not a bool, not a float).
+        name: the argument name shown in the message.
+        minimum: the smallest value allowed. Defaults to `1`.
+        hint: a sentence appended to the message: how to fix it. Defaults to `""`.
+
+    Returns:
+        ``value`` as a Python ``int``.
+
+    Raises:
+        TypeError: ``value`` is not an integer (e.g. ``64.0`` or ``"64"``).
+        ValueError: ``value`` is smaller than ``minimum``.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        fix = hint
+        if isinstance(value, float) and value.is_integer():
+            fix = f"Pass {name}={int(value)}."
+        raise TypeError(
+            f"{name} must be an integer, but received {value!r} of type "
+            f"{type(value).__name__}.{_suffix(fix)}"
+        )
+    number = int(value)
+    if number < minimum:
+        what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise ValueError(f"{name} must be {what}, but received {name}={number}.{_suffix(hint)}")
+    return number
+
+
+def positive_float(
+    value: Any, name: str, *, allow_zero: bool = False, hint: str = "", unit: str = "number"
+) -> float:
+    """``value`` as a finite ``float`` > 0 (or >= 0 with ``allow_zero``), else a clear error.
+
+    Args:
+        value: a real number (not a bool).
+        name: the argument name shown in the message.
+        allow_zero: whether 0 is accepted. Defaults to `False`.
+        hint: a sentence appended to the message: how to fix it. Defaults to `""`.
+        unit: what the number counts, for the message ("number of seconds"). Defaults to
+            `"number"`.
+
+    Returns:
+        ``value`` as a Python ``float``.
+
+    Raises:
+        TypeError: ``value`` is not a real number.
+        ValueError: ``value`` is negative, zero (unless allowed), NaN or infinite.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"{name} must be a {unit}, but received {value!r} of type "
+            f"{type(value).__name__}.{_suffix(hint)}"
+        )
+    number = float(value)
+    if not math.isfinite(number) or number < 0 or (number == 0 and not allow_zero):
+        what = f"a finite {unit} >= 0" if allow_zero else f"a positive finite {unit}"
+        raise ValueError(f"{name} must be {what}, but received {name}={value!r}.{_suffix(hint)}")
+    return number
+
+
+def env_flag(name: str, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the environment variable ``name`` is set to a "true" word (1, true, yes, on)."""
+    import os
+
+    source = os.environ if environ is None else environ
+    return source.get(name, "").strip().lower() in TRUE_WORDS
+
+
+def env_seconds(name: str, text: str, *, example: float) -> float:
+    """The seconds in environment variable ``name`` (its value ``text``), or a clear error."""
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(
+            f"{name} must be a number of seconds, but received {name}={text!r}. "
+            f"Set it to e.g. {example:g}."
+        ) from None
+
+
+__all__ = ["TRUE_WORDS", "env_flag", "env_seconds", "positive_float", "positive_int"]
