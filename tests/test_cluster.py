@@ -17,8 +17,8 @@ from tfdp_utils.cluster import (
     parse_slurm,
     parse_tf_config,
     validate_cluster,
-    wait_for_peers,
 )
+from tfdp_utils.rendezvous import wait_for_peers
 
 GOOD = {"cluster": {"worker": ["localhost:1111", "localhost:2222"]}, "task": {"type": "worker"}}
 

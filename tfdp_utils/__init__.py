@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -23,18 +24,13 @@ if TYPE_CHECKING:
         steps_per_epoch,
     )
     from tfdp_utils.cluster import ClusterConfig, ClusterTimeoutError, cluster_task_type
+    from tfdp_utils.construction import run_server
     from tfdp_utils.data import ShardingPlan, build_distributed_dataset, plan_sharding
     from tfdp_utils.dataset_info import DatasetInfo
     from tfdp_utils.environment import Environment, detect_environment
     from tfdp_utils.faults import worker_backup_dir
     from tfdp_utils.schedules import WarmupSchedule
-    from tfdp_utils.strategy import (
-        StrategyChoice,
-        TPUProbeError,
-        auto_strategy,
-        choose_strategy,
-        run_server,
-    )
+    from tfdp_utils.strategy import StrategyChoice, TPUProbeError, auto_strategy, choose_strategy
     from tfdp_utils.throughput import ThroughputMeter
     from tfdp_utils.training import make_distributed_train_step
 
@@ -63,19 +59,18 @@ _HOMES: dict[str, str] = {
     "num_replicas_in_sync": "tfdp_utils.batching",
     "per_replica_batch_size": "tfdp_utils.batching",
     "plan_sharding": "tfdp_utils.data",
-    "run_server": "tfdp_utils.strategy",
+    "run_server": "tfdp_utils.construction",
     "scale_learning_rate": "tfdp_utils.batching",
     "steps_per_epoch": "tfdp_utils.batching",
     "worker_backup_dir": "tfdp_utils.faults",
 }
-_SUBMODULES = frozenset({"callbacks", "compat"})
 
 
 def __getattr__(name: str) -> Any:
-    if name in _SUBMODULES:
-        value: Any = importlib.import_module(f"tfdp_utils.{name}")
-    elif name in _HOMES:
-        value = getattr(importlib.import_module(_HOMES[name]), name)
+    if name in _HOMES:
+        value: Any = getattr(importlib.import_module(_HOMES[name]), name)
+    elif not name.startswith("_") and importlib.util.find_spec(f"tfdp_utils.{name}"):
+        value = importlib.import_module(f"tfdp_utils.{name}")  # tdu.callbacks, tdu.strategy
     else:
         raise AttributeError(f"module 'tfdp_utils' has no attribute {name!r}")
     globals()[name] = value  # later look-ups skip this function
