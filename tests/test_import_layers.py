@@ -1,0 +1,60 @@
+"""The pure layer never imports TensorFlow: each module is imported with TensorFlow blocked.
+
+A meta-path finder refuses ``tensorflow``, ``keras`` and ``tf_keras`` in a fresh process, as
+on a machine where none is installed; importing a pure module (and ``import tfdp_utils``
+itself) must still work, and nothing TensorFlow-related may end up in ``sys.modules``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import run_python
+
+PURE_MODULES = (
+    "tfdp_utils",
+    "tfdp_utils._validate",
+    "tfdp_utils.cluster",
+    "tfdp_utils.rendezvous",
+    "tfdp_utils.topology",
+    "tfdp_utils.throughput",
+    "tfdp_utils.dataset_info",
+    "tfdp_utils.cli",
+)
+
+BLOCKER = """
+import importlib.abc, json, sys
+
+BLOCKED = ("tensorflow", "keras", "tf_keras")
+
+class Blocker(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ImportError(f"{name} is blocked in this test")
+        return None
+
+sys.meta_path.insert(0, Blocker())
+results = {}
+for name in json.loads(sys.argv[1]):
+    try:
+        __import__(name)
+        results[name] = "ok"
+    except Exception as exc:
+        results[name] = f"{type(exc).__name__}: {exc}"
+leaked = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
+print(json.dumps({"results": results, "leaked": leaked}))
+"""
+
+
+@pytest.mark.slow
+def test_pure_modules_import_without_tensorflow() -> None:
+    result = run_python(
+        f"import sys; sys.argv[1:] = [{json.dumps(json.dumps(PURE_MODULES))}]\n{BLOCKER}",
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    failures = {name: why for name, why in report["results"].items() if why != "ok"}
+    assert failures == {}, failures
+    assert report["leaked"] == []
