@@ -148,8 +148,38 @@ def test_silent_tpu_metadata_server_falls_back_within_probe_timeout(monkeypatch,
 
 def test_explicit_tpu_without_tpu_raises(monkeypatch):
     monkeypatch.delenv("TPU_NAME", raising=False)
-    with pytest.raises(tdu.TPUProbeError, match="prefer='auto' to fall back"):
+    with pytest.raises(tdu.TPUProbeError, match="prefer='auto' to fall back") as raised:
         tdu.auto_strategy("tpu", probe_timeout=2.0)
+    # No TPU here: the message must not claim evidence of one.
+    assert "TPU evidence" not in str(raised.value)
+    assert "this process sees no TPU" in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"cluster_timeout": "abc"}, TypeError, "cluster_timeout must be a number of seconds"),
+        ({"probe_timeout": "5"}, TypeError, "probe_timeout must be a number of seconds"),
+        ({"probe_timeout": float("nan")}, ValueError, "probe_timeout=nan"),
+    ],
+)
+def test_timeouts_of_the_wrong_type_are_explained(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        tdu.auto_strategy(**kwargs)
+
+
+def test_cluster_timeout_variable_that_is_no_number_is_named(monkeypatch):
+    monkeypatch.setenv("TFDP_CLUSTER_TIMEOUT", "soon")
+    with pytest.raises(ValueError, match="TFDP_CLUSTER_TIMEOUT must be a number of seconds"):
+        tdu.auto_strategy()
+
+
+def test_multi_worker_without_a_cluster_says_so(caplog):
+    with caplog.at_level(logging.WARNING, logger="tfdp_utils"):
+        strategy = tdu.auto_strategy("multi_worker")
+    assert isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("no cluster is configured" in w and "TF_CONFIG" in w for w in warnings), warnings
 
 
 @pytest.mark.slow

@@ -250,3 +250,60 @@ def test_own_port_taken_is_explained():
         spec = {"worker": [f"127.0.0.1:{port}", f"127.0.0.1:{free_port()}"]}
         with pytest.raises(OSError, match="Another program holds the port"):
             wait_for_peers(validate_cluster(spec, "worker", 0), timeout=1)
+
+
+def test_a_long_peer_wait_logs_progress_naming_the_peer_the_bound_and_the_fix(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tfdp_utils import waiting
+
+    monkeypatch.setattr(waiting, "PROGRESS_INTERVAL", 0.3)
+    spec = {"worker": [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]}
+    with caplog.at_level("WARNING", logger="tfdp_utils"), pytest.raises(ClusterTimeoutError):
+        wait_for_peers(validate_cluster(spec, "worker", 0), timeout=1.2)
+    lines = [r.getMessage() for r in caplog.records if "still waiting" in r.getMessage()]
+    assert len(lines) >= 2, lines
+    assert spec["worker"][1] in lines[0]
+    assert "bound 1.2 s" in lines[0]
+    assert "TFDP_CLUSTER_TIMEOUT" in lines[0]
+
+
+def test_wait_progress_lines_come_once_per_interval() -> None:
+    from tfdp_utils.waiting import WaitProgress
+
+    now = [100.0]
+    progress = WaitProgress("x", bound=90, change="Y", interval=30, clock=lambda: now[0])
+    for now[0] in (100.0, 110.0, 129.9, 130.0, 135.0, 161.0, 200.0):
+        progress.tick()
+    assert [line.split(" after ")[1].split(" s")[0] for line in progress.lines] == [
+        "30",
+        "61",
+        "100",
+    ]
+    assert progress.lines[0].endswith("(bound 90 s; change it with Y)")
+
+
+@pytest.mark.parametrize("name", ["SLURM_STEP_NUM_TASKS", "SLURM_PROCID"])
+def test_a_slurm_variable_that_is_no_number_is_named(name: str) -> None:
+    environ = {
+        "SLURM_PROCID": "0",
+        "SLURM_STEP_NUM_TASKS": "2",
+        "SLURM_STEP_NODELIST": "n[1-2]",
+        name: "abc",
+    }
+    with pytest.raises(
+        ValueError, match=rf"{name} must be a whole number, but received {name}='abc'"
+    ):
+        parse_slurm(environ)
+
+
+@pytest.mark.parametrize("value", ['{"cluster": {}}', '{"task": {"type": "worker"}}'])
+def test_tf_config_without_a_cluster_trains_alone_and_says_so(
+    value: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tfdp_utils import cluster
+
+    cluster._warn_no_cluster.cache_clear()
+    with caplog.at_level("WARNING", logger="tfdp_utils"):
+        assert parse_tf_config(value) is None
+    assert any("names no cluster" in r.getMessage() for r in caplog.records)

@@ -7,6 +7,7 @@ package works with; :mod:`tfdp_utils.rendezvous` waits for its peers with a boun
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -200,6 +201,15 @@ def validate_cluster(
     return ClusterConfig(cluster=clean, task_type=task_type, task_index=task_index, source=source)
 
 
+@functools.lru_cache(maxsize=2)  # once per process and reason, not at every parse
+def _warn_no_cluster(why: str) -> None:
+    logger.warning(
+        "tfdp_utils: TF_CONFIG is set but names no cluster (%s): this process trains alone. "
+        "Add a 'cluster' with the job's tasks to train on several workers, or unset TF_CONFIG.",
+        why,
+    )
+
+
 def parse_tf_config(value: str | None) -> ClusterConfig | None:
     """Parse a TF_CONFIG string. Empty or cluster-less values mean "no cluster" (None).
 
@@ -216,6 +226,7 @@ def parse_tf_config(value: str | None) -> ClusterConfig | None:
         raise _tf_config_error(f"it is a JSON {type(data).__name__}, not an object")
     cluster = data.get("cluster")
     if not cluster:
+        _warn_no_cluster("'cluster' is empty" if "cluster" in data else "no 'cluster' key")
         return None
     task = data.get("task")
     if not isinstance(task, dict) or "type" not in task:
@@ -296,6 +307,18 @@ def expand_tasks_per_node(value: str) -> list[int]:
     return counts
 
 
+def _slurm_int(environ: Mapping[str, str], *names: str) -> int:
+    """The whole number in the first of ``names`` that is set, or an error naming it."""
+    name = next(n for n in names if environ.get(n))
+    text = environ[name].strip()
+    if not text.isdigit():
+        raise ValueError(
+            f"{name} must be a whole number, but received {name}={environ[name]!r}. srun sets "
+            "it; run the script with srun, or unset SLURM_PROCID to train without SLURM."
+        )
+    return int(text)
+
+
 def parse_slurm(environ: Mapping[str, str]) -> ClusterConfig | None:
     """Build a cluster from srun's variables, or None when this is not a multi-task srun step.
 
@@ -311,10 +334,10 @@ def parse_slurm(environ: Mapping[str, str]) -> ClusterConfig | None:
     num_tasks_text = environ.get("SLURM_STEP_NUM_TASKS") or environ.get("SLURM_NTASKS")
     if not num_tasks_text:
         return None
-    num_tasks = int(num_tasks_text)
+    num_tasks = _slurm_int(environ, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
     if num_tasks <= 1:
         return None
-    rank = int(environ["SLURM_PROCID"])
+    rank = _slurm_int(environ, "SLURM_PROCID")
     nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST")
     if not nodelist:
         raise ValueError(

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,7 @@ from tfdp_utils.cluster import ClusterConfig
 from tfdp_utils.faults import COLLECTIVE_TIMEOUT_VARIABLE, CollectiveWatchdog
 from tfdp_utils.rendezvous import reachable, wait_for_peers, wait_for_servers
 from tfdp_utils.topology import is_multi_worker
+from tfdp_utils.waiting import WaitProgress
 
 if TYPE_CHECKING:
     from tfdp_utils.strategy import StrategyChoice
@@ -59,7 +61,11 @@ def _call_with_timeout(fn: Any, timeout: float, what: str) -> Any:
 
     thread = threading.Thread(target=target, name=f"tfdp-probe-{what}", daemon=True)
     thread.start()
-    thread.join(timeout)
+    progress = WaitProgress(what, bound=timeout, change="auto_strategy(probe_timeout=SECONDS)")
+    deadline = time.monotonic() + timeout
+    while thread.is_alive() and time.monotonic() < deadline:
+        thread.join(min(progress.interval, max(deadline - time.monotonic(), 0.0)))
+        progress.tick()
     if thread.is_alive():
         raise TimeoutError(f"{what} did not answer within probe_timeout={timeout:g} s")
     if "error" in box:

@@ -32,6 +32,8 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from tfdp_utils.waiting import WaitProgress
+
 logger = logging.getLogger("tfdp_utils")
 
 DEFAULT_COLLECTIVE_TIMEOUT = 600.0
@@ -189,6 +191,7 @@ class CollectiveWatchdog:
         held: Any = None
         held_lasti = -1
         since = 0.0
+        progress: WaitProgress | None = None
         while not self._stop.wait(self.interval):
             frame = sys._current_frames().get(self.thread_id)
             if frame is None:
@@ -199,6 +202,8 @@ class CollectiveWatchdog:
                 continue
             if frame is held and frame.f_lasti == held_lasti:
                 waited = now - since
+                if progress is not None:
+                    progress.tick()
                 if waited >= self.timeout:
                     where = (
                         f"{frame.f_code.co_name} in {os.path.basename(frame.f_code.co_filename)}"
@@ -211,6 +216,12 @@ class CollectiveWatchdog:
                     return
             else:
                 held, held_lasti, since = frame, frame.f_lasti, now
+                progress = WaitProgress(
+                    "one multi-worker call (a peer, or a slow step, first trace or save)",
+                    bound=self.timeout,
+                    change=f"auto_strategy(collective_timeout=SECONDS) or "
+                    f"{COLLECTIVE_TIMEOUT_VARIABLE}",
+                )
             del frame
 
 

@@ -14,6 +14,7 @@ import threading
 import time
 
 from tfdp_utils.cluster import ClusterConfig, ClusterTimeoutError
+from tfdp_utils.waiting import WaitProgress
 
 logger = logging.getLogger("tfdp_utils")
 
@@ -115,6 +116,10 @@ class _Listener:
         self.sock.close()
 
 
+def _names(tasks: list[tuple[str, int, str]]) -> str:
+    return ", ".join(f"{task_type}:{index} at {address}" for task_type, index, address in tasks)
+
+
 def wait_for_peers(
     config: ClusterConfig,
     *,
@@ -152,6 +157,14 @@ def wait_for_peers(
     sock.listen(64)
     listener = _Listener(sock)
     state: dict[tuple[str, int, str], str | None] = {task: None for task in peers}
+    pending = list(peers)
+    progress = WaitProgress(
+        lambda: (
+            f"{len(pending)} peer task(s) to join the {config.source} cluster: " + _names(pending)
+        ),
+        bound=timeout,
+        change=f"auto_strategy({timeout_variable}=SECONDS) or TFDP_CLUSTER_TIMEOUT",
+    )
     try:
         while True:
             for task in peers:
@@ -168,11 +181,11 @@ def wait_for_peers(
             ]
             if not pending:
                 break
+            progress.tick()
             if time.monotonic() >= deadline:
-                names = ", ".join(f"{t}:{i} at {a}" for t, i, a in pending)
                 raise ClusterTimeoutError(
                     f"{len(pending)} of {len(peers)} peer task(s) did not join the "
-                    f"{config.source} cluster within {timeout:g} s: {names}. "
+                    f"{config.source} cluster within {timeout:g} s: {_names(pending)}. "
                     f"This task is {me} at {own}. Check that every task was started and that "
                     "the addresses are reachable from here, or wait longer with "
                     f"auto_strategy({timeout_variable}=SECONDS) or the TFDP_CLUSTER_TIMEOUT "
@@ -203,6 +216,11 @@ def wait_for_servers(config: ClusterConfig, *, timeout: float, poll_interval: fl
         for index, address in enumerate(config.cluster.get(task_type, ()))
     ]
     pending = list(servers)
+    progress = WaitProgress(
+        lambda: f"{len(pending)} parameter-server cluster task(s) to serve: {_names(pending)}",
+        bound=timeout,
+        change="auto_strategy(cluster_timeout=SECONDS) or TFDP_CLUSTER_TIMEOUT",
+    )
     while pending:
         pending = [
             task
@@ -211,11 +229,12 @@ def wait_for_servers(config: ClusterConfig, *, timeout: float, poll_interval: fl
         ]
         if not pending:
             break
+        progress.tick()
         if time.monotonic() >= deadline:
-            names = ", ".join(f"{t}:{i} at {a}" for t, i, a in pending)
             raise ClusterTimeoutError(
                 f"{len(pending)} of {len(servers)} server task(s) of the {config.source} "
-                f"parameter-server cluster did not answer within {timeout:g} s: {names}. Check "
+                f"parameter-server cluster did not answer within {timeout:g} s: "
+                f"{_names(pending)}. Check "
                 "that those tasks run tfdp_utils.run_server() and are reachable from here, or "
                 "wait longer with auto_strategy(cluster_timeout=SECONDS) or the "
                 "TFDP_CLUSTER_TIMEOUT environment variable.",

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from tfdp_utils import dataset_info
+from tfdp_utils._validate import positive_float
 from tfdp_utils.cluster import ClusterConfig
 from tfdp_utils.construction import (
     DEFAULT_CLUSTER_TIMEOUT,
@@ -316,8 +317,7 @@ def auto_strategy(
         >>> with strategy.scope():  # doctest: +SKIP
         ...     model = build_model()
     """
-    if not probe_timeout > 0:
-        raise ValueError(f"probe_timeout={probe_timeout!r} must be a positive number of seconds.")
+    probe_timeout = positive_float(probe_timeout, "probe_timeout", unit="number of seconds")
     resolved_collective_timeout = resolve_collective_timeout(collective_timeout)
     cluster_timeout = resolve_cluster_timeout(cluster_timeout)
     env = detect_environment(tpu=tpu)
@@ -332,9 +332,14 @@ def auto_strategy(
         try:
             strategy = connect_tpu(env.tpu_address, probe_timeout)
         except Exception as exc:
-            failure = (
-                f"TPU evidence ({env.tpu_hint or 'local TPU devices'}) but probe failed: {exc}"
-            )
+            if env.tpu_hint or env.tpus:
+                evidence = env.tpu_hint or f"{len(env.tpus)} local TPU device(s)"
+                failure = f"TPU evidence ({evidence}) but probe failed: {exc}"
+            else:
+                failure = (
+                    "a TPU was asked for, but this process sees no TPU (no local TPU devices, "
+                    f"no TPU_NAME / COLAB_TPU_ADDR / TPU address) and the probe failed: {exc}"
+                )
             if _check_prefer(prefer, "prefer") == "tpu" or env.forced_strategy == "tpu":
                 raise TPUProbeError(
                     f"{failure}. Check the TPU name/address, or pass probe_timeout=SECONDS to wait "
@@ -350,6 +355,13 @@ def auto_strategy(
             cluster_timeout=cluster_timeout,
             collective_timeout=resolved_collective_timeout,
             num_gpus=len(env.gpus),
+        )
+    if choice.kind == "multi_worker" and choice.cluster is None:
+        logger.warning(
+            "tfdp_utils: prefer='multi_worker' but no cluster is configured (no TF_CONFIG, no "
+            "srun task variables): MultiWorkerMirroredStrategy over this one worker, which "
+            "trains like MirroredStrategy. Set TF_CONFIG (or run under srun) on every worker "
+            "to train on several machines."
         )
     _after_build(strategy)
     logger.info(
