@@ -82,6 +82,49 @@ def positive_float(
     return number
 
 
+def boolean(value: Any, name: str) -> bool:
+    """``value`` when it is a bool (or NumPy bool), else a clear error: ``"no"`` is not False."""
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return bool(value)
+    raise TypeError(
+        f"{name} must be True or False, but received {value!r} of type {type(value).__name__}."
+    )
+
+
+def text(value: Any, name: str, *, hint: str = "") -> str:
+    """``value`` when it is a string, else a clear error."""
+    if isinstance(value, str):
+        return value
+    raise TypeError(
+        f"{name} must be a string, but received {value!r} of type "
+        f"{type(value).__name__}.{_suffix(hint)}"
+    )
+
+
+def mapping(value: Any, name: str, *, hint: str = "") -> Mapping[str, Any]:
+    """``value`` when it is a mapping (``os.environ``, a dict), else a clear error."""
+    if isinstance(value, Mapping):
+        return value
+    raise TypeError(
+        f"{name} must be a mapping such as os.environ or a dict, but received {value!r} of "
+        f"type {type(value).__name__}.{_suffix(hint)}"
+    )
+
+
+def strategy(value: Any, name: str = "strategy") -> Any:
+    """``value`` when it looks like a ``tf.distribute.Strategy``, else a clear error.
+
+    Checked by its attributes, so this module needs no TensorFlow.
+    """
+    if hasattr(value, "num_replicas_in_sync") and hasattr(value, "extended"):
+        return value
+    raise TypeError(
+        f"{name} must be a tf.distribute.Strategy (e.g. strategy = tdu.auto_strategy()), but "
+        f"received {value!r} of type {type(value).__name__}. Build the strategy first and "
+        f"pass the object, or pass {name}=None to use the strategy in scope."
+    )
+
+
 def env_flag(name: str, environ: Mapping[str, str] | None = None) -> bool:
     """Whether the environment variable ``name`` is set to a "true" word (1, true, yes, on)."""
     import os
@@ -101,4 +144,14 @@ def env_seconds(name: str, text: str, *, example: float) -> float:
         ) from None
 
 
-__all__ = ["TRUE_WORDS", "env_flag", "env_seconds", "positive_float", "positive_int"]
+__all__ = [
+    "TRUE_WORDS",
+    "boolean",
+    "env_flag",
+    "env_seconds",
+    "mapping",
+    "positive_float",
+    "positive_int",
+    "strategy",
+    "text",
+]

@@ -15,7 +15,8 @@ import math
 from typing import Any, Literal
 
 from tfdp_utils._tf import tf
-from tfdp_utils._validate import positive_float, positive_int
+from tfdp_utils._validate import boolean, positive_float, positive_int
+from tfdp_utils._validate import strategy as check_strategy
 
 ScalingRule = Literal["linear", "sqrt", "none"]
 SCALING_RULES: tuple[str, ...] = ("linear", "sqrt", "none")
@@ -50,7 +51,7 @@ def num_replicas_in_sync(strategy: Any = None) -> int:
     """
     if strategy is None:
         strategy = tf.distribute.get_strategy()
-    return int(strategy.num_replicas_in_sync)
+    return int(check_strategy(strategy).num_replicas_in_sync)
 
 
 def global_batch_size(per_replica_batch_size: int, *, strategy: Any = None) -> int:
@@ -221,6 +222,7 @@ def steps_per_epoch(
     """
     examples = check_size(num_examples, "num_examples", minimum=0)
     size = check_size(global_batch_size, "global_batch_size")
+    drop_remainder = boolean(drop_remainder, "drop_remainder")
     if drop_remainder:
         return examples // size
     return -(-examples // size)

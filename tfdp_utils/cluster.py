@@ -15,6 +15,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tfdp_utils._validate import mapping
+
 logger = logging.getLogger("tfdp_utils")
 
 TRAINING_TASK_TYPES: tuple[str, ...] = ("chief", "worker")
@@ -380,7 +382,7 @@ def parse_slurm(environ: Mapping[str, str]) -> ClusterConfig | None:
 
 def cluster_from_environment(environ: Mapping[str, str] | None = None) -> ClusterConfig | None:
     """The cluster this process belongs to: TF_CONFIG first, then SLURM; None when alone."""
-    environ = os.environ if environ is None else environ
+    environ = os.environ if environ is None else mapping(environ, "environ")
     config = parse_tf_config(environ.get("TF_CONFIG"))
     if config is not None:
         return config

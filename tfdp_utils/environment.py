@@ -11,6 +11,7 @@ import dataclasses
 import os
 from collections.abc import Mapping
 
+from tfdp_utils._validate import mapping, text
 from tfdp_utils.cluster import ClusterConfig, cluster_from_environment
 
 STRATEGY_VARIABLE = "TFDP_STRATEGY"
@@ -125,7 +126,9 @@ def detect_environment(
     Raises:
         ValueError: when TF_CONFIG or the SLURM variables are malformed.
     """
-    environ = os.environ if environ is None else environ
+    environ = os.environ if environ is None else mapping(environ, "environ")
+    if tpu is not None:
+        text(tpu, "tpu", hint="Pass a TPU name or a 'grpc://host:port' address.")
     hint, address = tpu_hint_from(environ, tpu)
     forced = environ.get(STRATEGY_VARIABLE, "").strip() or None
     return Environment(

@@ -251,6 +251,11 @@ def worker_backup_dir(backup_dir: str | os.PathLike[str], strategy: Any = None) 
     from tfdp_utils._tf import IS_KERAS3, tf
     from tfdp_utils.topology import position_of
 
+    if not isinstance(backup_dir, (str, os.PathLike)):
+        raise TypeError(
+            f"backup_dir must be a directory path (str or os.PathLike), but received "
+            f"{backup_dir!r} of type {type(backup_dir).__name__}; pass e.g. '/tmp/backup'."
+        )
     base = os.fspath(backup_dir)
     position = position_of(strategy or tf.distribute.get_strategy())
     if not IS_KERAS3 or not position.is_multi_worker:

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from tfdp_utils import dataset_info
+from tfdp_utils import _validate, dataset_info
 from tfdp_utils._validate import positive_float
 from tfdp_utils.cluster import ClusterConfig
 from tfdp_utils.construction import (
@@ -76,7 +76,7 @@ class StrategyChoice:
 
 def normalize_device(name: str) -> str:
     """``"/gpu:0"``, ``"GPU:0"`` or ``"/job:localhost/device:GPU:0"`` -> ``"/device:GPU:0"``."""
-    text = name.strip()
+    text = _validate.text(name, "device", hint="Name devices like '/gpu:0'.").strip()
     tail = text.rsplit("/", 1)[-1]
     if tail.lower().startswith("device:"):
         tail = tail[len("device:") :]
@@ -168,6 +168,11 @@ def choose_strategy(
             ``worker`` or ``ps`` task of a parameter-server cluster, a parameter-server
             cluster without a chief, or ``prefer="parameter_server"`` without ``ps`` tasks.
     """
+    if not isinstance(env, Environment):
+        raise TypeError(
+            f"env must be an Environment (from tdu.detect_environment()), but received {env!r} "
+            f"of type {type(env).__name__}."
+        )
     prefer = _check_prefer(prefer, "prefer")
     why = ""
     if prefer == "auto" and env.forced_strategy:
@@ -318,6 +323,8 @@ def auto_strategy(
         ...     model = build_model()
     """
     probe_timeout = positive_float(probe_timeout, "probe_timeout", unit="number of seconds")
+    if tpu is not None:
+        _validate.text(tpu, "tpu", hint="Pass a TPU name or a 'grpc://host:port' address.")
     resolved_collective_timeout = resolve_collective_timeout(collective_timeout)
     cluster_timeout = resolve_cluster_timeout(cluster_timeout)
     env = detect_environment(tpu=tpu)

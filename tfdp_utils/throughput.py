@@ -148,13 +148,20 @@ class ThroughputMeter:
             ValueError: when ``replica_examples`` has the wrong length, or a counter or the
                 clock goes backwards.
         """
-        counts = tuple(int(x) for x in replica_examples)
+        try:
+            counts = tuple(int(x) for x in replica_examples)
+            point = (int(step), float(time), counts)
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"update() takes numbers: step (cumulative steps), time (seconds) and "
+                f"replica_examples (cumulative examples per replica), but received "
+                f"step={step!r}, time={time!r}, replica_examples={replica_examples!r}."
+            ) from None
         if len(counts) != self.num_replicas:
             raise ValueError(
                 f"replica_examples has {len(counts)} entries; expected one per replica "
                 f"({self.num_replicas})."
             )
-        point = (int(step), float(time), counts)
         if self._last is not None:
             last_step, last_time, last_counts = self._last
             if point[0] < last_step or point[1] < last_time:
