@@ -325,3 +325,40 @@ def test_strategies_over_different_device_sets_in_one_process():
     auto = run_python(f"import sys; sys.argv[1:] = ['auto']\n{textwrap.dedent(script)}")
     assert auto.returncode == 0, auto.stderr[-3000:]
     assert auto.stdout.split() == ["TRAINED", "2", "TRAINED", "4"]
+
+
+@pytest.mark.slow
+def test_the_explanation_is_visible_by_default_once_and_can_be_silenced():
+    # A fresh process, as a user's script: no logging configured by anyone.
+    result = run_python(
+        """
+        import contextlib, io, json, logging
+        import tfdp_utils as tdu
+
+        def shown(**kwargs):
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                tdu.auto_strategy(**kwargs)
+            return err.getvalue().count("tfdp_utils: OneDeviceStrategy over 1 replica(s)")
+
+        out = {"default": shown(), "verbose_false": shown(verbose=False)}
+        logging.getLogger("tfdp_utils").setLevel(logging.WARNING)
+        out["logger_at_warning"] = shown()
+        logging.getLogger("tfdp_utils").setLevel(logging.NOTSET)
+        stream = io.StringIO()
+        logging.basicConfig(level=logging.INFO, stream=stream, format="%(message)s")
+        out["configured_stderr"] = shown()
+        out["configured_log"] = stream.getvalue().count("OneDeviceStrategy over 1 replica(s)")
+        print(json.dumps(out))
+        """,
+        env={"TFDP_STRATEGY": "one_device"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out == {
+        "default": 1,
+        "verbose_false": 0,
+        "logger_at_warning": 0,
+        "configured_stderr": 0,
+        "configured_log": 1,
+    }

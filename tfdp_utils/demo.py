@@ -240,10 +240,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_from_args(args: argparse.Namespace) -> int:
     """Run the demo from parsed command-line arguments and print where to look next."""
-    import logging
-
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    logging.getLogger("tfdp_utils").setLevel(logging.INFO)
     result = run(
         log_dir=args.log_dir,
         model=args.model,
@@ -257,7 +253,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     print(f"Strategy:        {result.strategy} with {result.replicas} replica(s)")
     print(f"Test accuracy:   {result.accuracy:.4f} (loss {result.loss:.4f})")
     if rate:
-        print(f"Throughput:      {rate:,.0f} examples/s (median over logged windows)")
+        print(f"Throughput:      {rate:,.0f} examples/s (all logged windows together)")
     print(f"Training time:   {result.seconds:.1f} s")
     print(f"Logs:            {result.log_dir}")
     print(f"View them with:  tensorboard --logdir {result.log_dir} --host 127.0.0.1")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -274,6 +275,7 @@ def auto_strategy(
     probe_timeout: float = 5.0,
     cluster_timeout: float = DEFAULT_CLUSTER_TIMEOUT,
     collective_timeout: float | None = DEFAULT_COLLECTIVE_TIMEOUT,
+    verbose: bool = True,
 ) -> Any:
     """Pick, build and return the ``tf.distribute.Strategy`` this process should train with.
 
@@ -305,6 +307,10 @@ def auto_strategy(
             reported sooner by TensorFlow itself (``UnavailableError``). Keep it above your
             slowest step, first trace and save. The variable ``TFDP_COLLECTIVE_TIMEOUT``
             replaces the default; None or 0 turns the bound off. Defaults to `600.0`.
+        verbose: show the one-line explanation (what was built and why). It is logged at INFO
+            on the ``tfdp_utils`` logger; when no logging set-up would show that, it is printed
+            to stderr instead. False, or a level set on the ``tfdp_utils`` logger, silences it.
+            Defaults to `True`.
 
     Returns:
         A ``tf.distribute.Strategy``. Calling again returns an equivalent strategy (the same
@@ -371,16 +377,39 @@ def auto_strategy(
             "to train on several machines."
         )
     _after_build(strategy)
-    logger.info(
-        "tfdp_utils: %s over %d replica(s) on %s: %s",
-        choice.class_name,
-        strategy.num_replicas_in_sync,
-        ", ".join(choice.devices) or ("the cluster" if choice.cluster else "TPU"),
-        choice.reason,
+    where = ", ".join(choice.devices) or ("the cluster" if choice.cluster else "TPU")
+    _announce(
+        f"tfdp_utils: {choice.class_name} over {strategy.num_replicas_in_sync} replica(s) on "
+        f"{where}: {choice.reason}",
+        verbose=_validate.boolean(verbose, "verbose"),
     )
     strategy._tfdp_choice = choice
     dataset_info.record_strategy(strategy)
     return strategy
+
+
+def _info_is_shown() -> bool:
+    """Whether an INFO record of the ``tfdp_utils`` logger reaches some handler."""
+    if not logger.isEnabledFor(logging.INFO):
+        return False
+    node: logging.Logger | None = logger
+    while node is not None:
+        if any(handler.level <= logging.INFO for handler in node.handlers):
+            return True
+        node = node.parent if node.propagate else None
+    return False
+
+
+def _announce(line: str, *, verbose: bool) -> None:
+    """Log the one-line explanation at INFO, and print it when no logging set-up would show it.
+
+    The user's logging configuration is left alone: a script that configured logging sees the
+    line there (once); one that did not sees it on stderr; ``verbose=False``, or a level set on
+    the ``tfdp_utils`` logger (e.g. WARNING), silences it.
+    """
+    logger.info("%s", line)
+    if verbose and logger.level == logging.NOTSET and not _info_is_shown():
+        print(line, file=sys.stderr, flush=True)
 
 
 def _after_build(strategy: Any) -> None:
