@@ -10,6 +10,8 @@ import pytest
 import tensorflow as tf
 
 from tfdp_utils import report
+from tfdp_utils import throughput_tags as tags
+from tfdp_utils.throughput_tags import GLOBAL_RUN, replica_run, worker_run
 
 
 def write_run(log_dir: Path, run: str, series: dict[str, list[tuple[int, float]]]) -> None:
@@ -28,26 +30,18 @@ def log_dir(tmp_path: Path) -> Path:
     rates = [float(v) for v in np.linspace(900, 1100, len(steps))]
     write_run(
         tmp_path,
-        "global",
+        GLOBAL_RUN,
         {
-            "throughput/examples_per_sec": list(zip(steps, rates, strict=True)),
-            "throughput/steps_per_sec": [(s, r / 8) for s, r in zip(steps, rates, strict=True)],
-            "throughput/examples": [(s, s * 8.0) for s in steps],
-            "throughput/worker_skew": [(s, 0.02) for s in steps],
+            tags.EXAMPLES_PER_SEC: list(zip(steps, rates, strict=True)),
+            tags.STEPS_PER_SEC: [(s, r / 8) for s, r in zip(steps, rates, strict=True)],
+            tags.EXAMPLES: [(s, s * 8.0) for s in steps],
+            tags.WORKER_SKEW: [(s, 0.02) for s in steps],
         },
     )
-    write_run(
-        tmp_path,
-        "replica_0",
-        {"throughput/examples_per_sec": [(s, 600.0) for s in steps]},
-    )
-    write_run(
-        tmp_path,
-        "replica_1",
-        {"throughput/examples_per_sec": [(s, 400.0) for s in steps]},
-    )
-    write_run(tmp_path, "worker_0", {"throughput/steps_per_sec": [(s, 125.0) for s in steps]})
-    write_run(tmp_path, "worker_1", {"throughput/steps_per_sec": [(s, 122.5) for s in steps]})
+    write_run(tmp_path, replica_run(0), {tags.EXAMPLES_PER_SEC: [(s, 600.0) for s in steps]})
+    write_run(tmp_path, replica_run(1), {tags.EXAMPLES_PER_SEC: [(s, 400.0) for s in steps]})
+    write_run(tmp_path, worker_run(0), {tags.STEPS_PER_SEC: [(s, 125.0) for s in steps]})
+    write_run(tmp_path, worker_run(1), {tags.STEPS_PER_SEC: [(s, 122.5) for s in steps]})
     # A run of Keras' own TensorBoard callback in the same log_dir is left out.
     write_run(tmp_path, "train", {"epoch_loss": [(0, 1.0)]})
     return tmp_path
@@ -55,17 +49,20 @@ def log_dir(tmp_path: Path) -> Path:
 
 def test_summary_figures(log_dir: Path) -> None:
     runs = report.read_runs(str(log_dir))
-    assert list(runs) == ["global", "replica_0", "replica_1", "worker_0", "worker_1"]
+    assert list(runs) == [GLOBAL_RUN, replica_run(0), replica_run(1), worker_run(0), worker_run(1)]
     summary = report.summarize(runs)
-    rates = summary["runs"]["global"]["examples_per_sec"]
-    assert summary["runs"]["global"]["windows"] == 30
+    rates = summary["runs"][GLOBAL_RUN]["examples_per_sec"]
+    assert summary["runs"][GLOBAL_RUN]["windows"] == 30
     assert rates["min"] == pytest.approx(900) and rates["max"] == pytest.approx(1100)
     assert rates["median"] == pytest.approx(1000)
-    assert summary["runs"]["global"]["examples"] == 3010 * 8
-    assert summary["runs"]["global"]["last_step"] == 3010
+    assert summary["runs"][GLOBAL_RUN]["examples"] == 3010 * 8
+    assert summary["runs"][GLOBAL_RUN]["last_step"] == 3010
     assert summary["replica_skew"] == pytest.approx(200 / 600)
     assert summary["workers"]["count"] == 2
-    assert summary["workers"]["median_steps_per_sec"] == {"worker_0": 125.0, "worker_1": 122.5}
+    assert summary["workers"]["median_steps_per_sec"] == {
+        worker_run(0): 125.0,
+        worker_run(1): 122.5,
+    }
     assert summary["workers"]["median_skew"] == pytest.approx(0.02)
 
 
@@ -74,16 +71,17 @@ def test_table(log_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert lines[0].split()[:2] == ["run", "windows"]
-    assert any(line.startswith("global") and "1,000.0" in line for line in lines)
+    assert any(line.startswith(GLOBAL_RUN) and "1,000.0" in line for line in lines)
     assert "replica skew (max-min)/max of median examples/s: 33.3%" in out
-    assert "workers: 2 (worker_0 125.0, worker_1 122.5 steps/s); median skew 2.0%" in out
+    rates = f"{worker_run(0)} 125.0, {worker_run(1)} 122.5 steps/s"
+    assert f"workers: 2 ({rates}); median skew 2.0%" in out
 
 
 def test_json_and_plot(log_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     png = tmp_path / "throughput.png"
     assert report.main([str(log_dir), "--json", "--plot", str(png)]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["runs"]["replica_0"]["examples_per_sec"]["median"] == 600.0
+    assert data["runs"][replica_run(0)]["examples_per_sec"]["median"] == 600.0
     assert data["plot"] == str(png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert png.stat().st_size > 5000
@@ -94,7 +92,7 @@ def test_the_cli_mounts_report(log_dir: Path, capsys: pytest.CaptureFixture[str]
 
     assert main(["report", str(log_dir), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["runs"]["global"]["examples_per_sec"]["median"] == pytest.approx(1000)
+    assert data["runs"][GLOBAL_RUN]["examples_per_sec"]["median"] == pytest.approx(1000)
     assert main(["report", str(log_dir / "nope")]) == 2
     assert "is not a directory" in capsys.readouterr().err
 
@@ -121,7 +119,7 @@ def test_report_on_a_real_logger_run(tmp_path: Path, capsys: pytest.CaptureFixtu
     model.fit(x, x[:, :1], batch_size=8, epochs=1, verbose=0, callbacks=[logger])
     assert report.main([str(tmp_path), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert set(data["runs"]) == {"global", "replica_0", "replica_1"}
-    assert data["runs"]["global"]["examples"] == 800
-    assert data["runs"]["global"]["windows"] == logger.summary()["windows"]
+    assert set(data["runs"]) == {GLOBAL_RUN, replica_run(0), replica_run(1)}
+    assert data["runs"][GLOBAL_RUN]["examples"] == 800
+    assert data["runs"][GLOBAL_RUN]["windows"] == logger.summary()["windows"]
     assert data["replica_skew"] == pytest.approx(0.0, abs=1e-9)

@@ -140,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
             "report", help="summarise throughput logs written by ThroughputLogger"
         )
         report_module.add_arguments(report_parser)
-        report_parser.set_defaults(func=report_module.run_from_args)
+        report_parser.set_defaults(func=report_module.run)
     return parser
 
 

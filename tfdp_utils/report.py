@@ -17,12 +17,19 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-EXAMPLES_PER_SEC = "throughput/examples_per_sec"
-STEPS_PER_SEC = "throughput/steps_per_sec"
-EXAMPLES = "throughput/examples"
-WORKER_SKEW = "throughput/worker_skew"
-PEAK_MEMORY = "memory/peak_bytes"
-_TAGS = (EXAMPLES_PER_SEC, STEPS_PER_SEC, EXAMPLES, WORKER_SKEW, PEAK_MEMORY)
+from tfdp_utils.throughput_tags import (
+    EXAMPLES,
+    EXAMPLES_PER_SEC,
+    GLOBAL_RUN,
+    MEMORY_PEAK_BYTES,
+    STEPS_PER_SEC,
+    WORKER_SKEW,
+    RunKind,
+    parse_run,
+    replica_run,
+)
+
+_TAGS = (EXAMPLES_PER_SEC, STEPS_PER_SEC, EXAMPLES, WORKER_SKEW, MEMORY_PEAK_BYTES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,18 +118,19 @@ def summarize(runs: dict[str, RunSeries]) -> dict[str, Any]:
             "examples": int(examples[-1][1]) if examples else None,
             "last_step": max((s for s, _ in examples + rates), default=None),
         }
-        peak = run.values(PEAK_MEMORY)
+        peak = run.values(MEMORY_PEAK_BYTES)
         if peak:
             entry["peak_memory_bytes"] = int(max(peak))
         per_run[name] = entry
 
-    def leaf(name: str) -> str:
-        return name.rsplit("/", 1)[-1]
+    def kind(name: str) -> RunKind | None:
+        parsed = parse_run(name)
+        return None if parsed is None else parsed[0]
 
     replica_medians = [
         e["examples_per_sec"]["median"]
         for n, e in per_run.items()
-        if leaf(n).startswith("replica_") and e["examples_per_sec"]
+        if kind(n) == "replica" and e["examples_per_sec"]
     ]
     replica_skew = None
     if len(replica_medians) >= 2 and max(replica_medians) > 0:
@@ -130,7 +138,7 @@ def summarize(runs: dict[str, RunSeries]) -> dict[str, Any]:
     workers = {
         n: e["steps_per_sec"]["median"]
         for n, e in per_run.items()
-        if leaf(n).startswith("worker_") and e["steps_per_sec"]
+        if kind(n) == "worker" and e["steps_per_sec"]
     }
     skews = [v for run in runs.values() for v in run.values(WORKER_SKEW)]
     return {
@@ -244,7 +252,8 @@ def run(args: argparse.Namespace) -> int:
     if not runs:
         print(
             f"tfdp-utils report: no throughput runs under {args.logdir!r}; expected the "
-            "log_dir of a ThroughputLogger (runs such as 'global' and 'replica_0').",
+            f"log_dir of a ThroughputLogger (runs such as {GLOBAL_RUN!r} and "
+            f"{replica_run(0)!r}).",
             file=sys.stderr,
         )
         return 1
@@ -263,10 +272,6 @@ def run(args: argparse.Namespace) -> int:
         if args.plot:
             print(f"plot: {args.plot}")
     return 0
-
-
-run_from_args = run
-"""Alias of :func:`run` (the name ``tfdp_utils.cli`` mounts)."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -298,6 +303,5 @@ __all__ = [
     "plot",
     "read_runs",
     "run",
-    "run_from_args",
     "summarize",
 ]
