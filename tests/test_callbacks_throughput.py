@@ -15,6 +15,7 @@ import tensorflow as tf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tfdp_utils import compat, dataset_info
+from tfdp_utils import throughput_tags as tags
 from tfdp_utils._tf import IS_KERAS3, keras
 from tfdp_utils.callbacks import ThroughputLogger
 from tfdp_utils.dataset_info import DatasetInfo
@@ -35,7 +36,7 @@ def read_run(path: Path) -> dict[str, list[tuple[int, float]]]:
     out: dict[str, list[tuple[int, float]]] = {}
     for tag in acc.Tags()["tensors"]:
         events = acc.Tensors(tag)
-        if tag.startswith(("throughput/", "memory/")):
+        if tag in tags.TAGS:
             out[tag] = [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in events]
     return out
 
@@ -183,9 +184,9 @@ def test_logged_rate_agrees_with_an_independent_timer(
     replicas: int, spe: int, tmp_path: Path, runs: dict[tuple[int, int], Any]
 ) -> None:
     logger, timer, sizes, log_dir, _ = train(replicas, spe, tmp_path, runs)
-    scalars = read_run(log_dir / "global")
-    counts = dict(scalars["throughput/examples"])
-    rates = scalars["throughput/examples_per_sec"]
+    scalars = read_run(log_dir / tags.GLOBAL_RUN)
+    counts = dict(scalars[tags.EXAMPLES])
+    rates = scalars[tags.EXAMPLES_PER_SEC]
     assert len(rates) >= 6
     log_steps = sorted(counts)
     ratios = []
@@ -205,18 +206,18 @@ def test_cumulative_counts_are_exact_globally_and_per_replica(
     replicas: int, spe: int, tmp_path: Path, runs: dict[tuple[int, int], Any]
 ) -> None:
     logger, _, sizes, log_dir, model = train(replicas, spe, tmp_path, runs)
-    assert {p.name for p in log_dir.iterdir()} == {"global"} | {
-        f"replica_{k}" for k in range(replicas)
+    assert {p.name for p in log_dir.iterdir()} == {tags.GLOBAL_RUN} | {
+        tags.replica_run(k) for k in range(replicas)
     }
-    global_counts = read_run(log_dir / "global")["throughput/examples"]
+    global_counts = read_run(log_dir / tags.GLOBAL_RUN)[tags.EXAMPLES]
     assert global_counts, "no counts logged"
     for step, value in global_counts:
         assert value == sum(expected_cumulative(sizes, step)), step
     for k in range(replicas):
-        replica = read_run(log_dir / f"replica_{k}")
-        for step, value in replica["throughput/examples"]:
+        replica = read_run(log_dir / tags.replica_run(k))
+        for step, value in replica[tags.EXAMPLES]:
             assert value == expected_cumulative(sizes, step)[k], (k, step)
-        assert "memory/current_bytes" not in replica  # the CPU reports no memory
+        assert tags.MEMORY_CURRENT_BYTES not in replica  # the CPU reports no memory
     summary = logger.summary()
     assert summary["examples"] == EXAMPLES * EPOCHS
     assert summary["replica_examples"] == list(expected_cumulative(sizes, EPOCHS * 151))
@@ -229,9 +230,9 @@ def test_warmup_is_excluded_and_windows_have_the_asked_length(
     replicas: int, spe: int, tmp_path: Path, runs: dict[tuple[int, int], Any]
 ) -> None:
     _, _, _, log_dir, _ = train(replicas, spe, tmp_path, runs)
-    scalars = read_run(log_dir / "global")
-    count_steps = [s for s, _ in scalars["throughput/examples"]]
-    rate_steps = [s for s, _ in scalars["throughput/steps_per_sec"]]
+    scalars = read_run(log_dir / tags.GLOBAL_RUN)
+    count_steps = [s for s, _ in scalars[tags.EXAMPLES]]
+    rate_steps = [s for s, _ in scalars[tags.STEPS_PER_SEC]]
     # Counts at train begin, then at the end of warm-up (no rate), then every window.
     assert count_steps[0] == 0
     assert count_steps[1] >= WARMUP and count_steps[1] < WARMUP + spe
@@ -240,12 +241,12 @@ def test_warmup_is_excluded_and_windows_have_the_asked_length(
     # Windows cover log_every_n_steps, rounded up to a whole execution of spe steps.
     assert all(EVERY <= w < EVERY + spe for w in windows), windows
     for k in range(replicas):
-        rates = read_run(log_dir / f"replica_{k}")["throughput/examples_per_sec"]
+        rates = read_run(log_dir / tags.replica_run(k))[tags.EXAMPLES_PER_SEC]
         assert [s for s, _ in rates] == rate_steps
     # Replica rates add up to the global rate.
-    global_rates = dict(scalars["throughput/examples_per_sec"])
+    global_rates = dict(scalars[tags.EXAMPLES_PER_SEC])
     replica_rates = [
-        dict(read_run(log_dir / f"replica_{k}")["throughput/examples_per_sec"])
+        dict(read_run(log_dir / tags.replica_run(k))[tags.EXAMPLES_PER_SEC])
         for k in range(replicas)
     ]
     for step, value in global_rates.items():
@@ -256,13 +257,14 @@ def test_descriptions_say_measured_or_derived_and_layout_is_written(
     tmp_path: Path, runs: dict[tuple[int, int], Any]
 ) -> None:
     _, _, _, log_dir, _ = train(2, 1, tmp_path, runs)
-    assert description(log_dir / "global", "throughput/examples_per_sec").startswith("Measured")
-    assert description(log_dir / "global", "throughput/steps_per_sec").startswith("Measured")
-    assert description(log_dir / "replica_0", "throughput/examples_per_sec").startswith("Derived")
-    assert description(log_dir / "global", "throughput/examples").startswith("Exact count")
-    acc = EventAccumulator(str(log_dir / "global"), size_guidance={"tensors": 0})
+    global_run, replica_0 = log_dir / tags.GLOBAL_RUN, log_dir / tags.replica_run(0)
+    assert description(global_run, tags.EXAMPLES_PER_SEC).startswith("Measured")
+    assert description(global_run, tags.STEPS_PER_SEC).startswith("Measured")
+    assert description(replica_0, tags.EXAMPLES_PER_SEC).startswith("Derived")
+    assert description(global_run, tags.EXAMPLES).startswith("Exact count")
+    acc = EventAccumulator(str(global_run), size_guidance={"tensors": 0})
     acc.Reload()
-    assert "custom_scalars__config__" in acc.Tags()["tensors"]
+    assert tags.LAYOUT_TAG in acc.Tags()["tensors"]
 
 
 def test_flops_give_mfu_labelled_derived(tmp_path: Path) -> None:
@@ -278,14 +280,14 @@ def test_flops_give_mfu_labelled_derived(tmp_path: Path) -> None:
         per_replica=False,
     )
     model.fit(make_dataset(), epochs=1, verbose=0, callbacks=[logger])
-    assert {p.name for p in tmp_path.iterdir()} == {"global"}
-    scalars = read_run(tmp_path / "global")
-    rates = dict(scalars["throughput/examples_per_sec"])
-    mfu = dict(scalars["throughput/mfu"])
+    assert {p.name for p in tmp_path.iterdir()} == {tags.GLOBAL_RUN}
+    scalars = read_run(tmp_path / tags.GLOBAL_RUN)
+    rates = dict(scalars[tags.EXAMPLES_PER_SEC])
+    mfu = dict(scalars[tags.MFU])
     assert mfu.keys() == rates.keys()
     for step, value in mfu.items():
         assert value == pytest.approx(rates[step] * 1e6 / (2 * 1e10), rel=1e-5)
-    assert description(tmp_path / "global", "throughput/mfu").startswith("Derived")
+    assert description(tmp_path / tags.GLOBAL_RUN, tags.MFU).startswith("Derived")
     assert logger.summary()["mfu"] > 0
 
 
@@ -302,7 +304,7 @@ def test_global_batch_size_counts_every_step_as_full(tmp_path: Path) -> None:
     # A second fit continues the cumulative count and the step axis.
     model.fit(ds, epochs=1, verbose=0, callbacks=[logger])
     assert logger.summary()["examples"] == 3 * 100 * BATCH
-    counts = read_run(tmp_path / "global")["throughput/examples"]
+    counts = read_run(tmp_path / tags.GLOBAL_RUN)[tags.EXAMPLES]
     assert max(s for s, _ in counts) > 200
 
 
@@ -372,10 +374,26 @@ def test_unwritable_log_dir_fails_at_train_begin(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"log_every_n_steps": 0}, ValueError, "log_every_n_steps=0 must be positive"),
-        ({"log_every_n_steps": 2.5}, TypeError, "log_every_n_steps=2.5 is not an int"),
-        ({"warmup_steps": -1}, ValueError, "warmup_steps=-1 is negative"),
-        ({"global_batch_size": 0}, ValueError, "global_batch_size=0 must be positive"),
+        (
+            {"log_every_n_steps": 0},
+            ValueError,
+            "log_every_n_steps must be a positive integer, but received log_every_n_steps=0",
+        ),
+        (
+            {"log_every_n_steps": 2.5},
+            TypeError,
+            r"log_every_n_steps must be an integer, but received 2\.5 of type float",
+        ),
+        (
+            {"warmup_steps": -1},
+            ValueError,
+            "warmup_steps must be an integer >= 0, but received warmup_steps=-1",
+        ),
+        (
+            {"global_batch_size": 0},
+            ValueError,
+            "global_batch_size must be a positive integer, but received global_batch_size=0",
+        ),
         ({"peak_flops_per_replica": 1e12}, ValueError, "without flops_per_example"),
         ({"dataset": "train.tfrecord"}, TypeError, "carries no DatasetInfo"),
     ],
@@ -393,6 +411,26 @@ def test_plain_dataset_as_dataset_argument_is_rejected() -> None:
 def test_async_safe_on_a_single_worker() -> None:
     assert ThroughputLogger("logs", global_batch_size=8).async_safe is True
     assert os.environ.get("TF_CONFIG") is None
+
+
+TWO_WORKERS = '{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, "task": {"type": "worker"}}'
+CHIEF_ONLY = '{"cluster": {"chief": ["127.0.0.1:1"]}, "task": {"type": "chief", "index": 0}}'
+
+
+@pytest.mark.parametrize(
+    ("tf_config", "safe"),
+    [
+        pytest.param(TWO_WORKERS, False, id="two-workers"),
+        pytest.param(CHIEF_ONLY, True, id="one-worker"),
+        # Malformed: it fails where the cluster is built; a property only reads it.
+        pytest.param("{not json", True, id="malformed"),
+    ],
+)
+def test_async_safe_follows_the_workers_in_tf_config(
+    tf_config: str, safe: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TF_CONFIG", tf_config)
+    assert ThroughputLogger("logs", global_batch_size=8).async_safe is safe
 
 
 def test_builder_dataset_needs_no_batch_size_and_counts_partial_steps(tmp_path: Path) -> None:
@@ -448,7 +486,7 @@ def test_builder_dataset_needs_no_batch_size_and_counts_partial_steps(tmp_path: 
     if IS_KERAS3:
         assert summary["examples"] == epochs * EXAMPLES
     for k in range(2):
-        for step, value in read_run(tmp_path / f"replica_{k}")["throughput/examples"]:
+        for step, value in read_run(tmp_path / tags.replica_run(k))[tags.EXAMPLES]:
             assert value == expected(step, k), (k, step)
 
 
@@ -460,4 +498,4 @@ def test_without_any_strategy(tmp_path: Path) -> None:
     summary = logger.summary()
     assert summary["num_replicas"] == 1 and summary["local_replicas"] == [0]
     assert summary["examples"] == 151 * BATCH  # global_batch_size counts the partial step full
-    assert {p.name for p in tmp_path.iterdir()} == {"global", "replica_0"}
+    assert {p.name for p in tmp_path.iterdir()} == {tags.GLOBAL_RUN, tags.replica_run(0)}

@@ -19,6 +19,9 @@ PURE_MODULES = (
     "tfdp_utils.rendezvous",
     "tfdp_utils.topology",
     "tfdp_utils.throughput",
+    "tfdp_utils.throughput_tags",
+    "tfdp_utils.example_counts",
+    "tfdp_utils.report",
     "tfdp_utils.dataset_info",
     "tfdp_utils.cli",
 )

@@ -173,10 +173,20 @@ def runtime_initialized() -> bool:
         return False
 
 
+def accept_tensor_logs(callback: Any) -> None:
+    """Let tf_keras pass ``callback`` its logs as tensors (``_supports_tf_logs``).
+
+    Keras' own callbacks set it too; without it tf_keras copies the logs to the host every
+    batch. Keras 3 ignores it.
+    """
+    callback._supports_tf_logs = True
+
+
 __all__ = [
     "IS_KERAS3",
     "KERAS_FLAVOUR",
     "KERAS_VERSION",
+    "accept_tensor_logs",
     "bump_collective_keys",
     "dataset_class_name",
     "dataset_graph_ops",
