@@ -122,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="tfdp-utils",
         description="Data-parallel TensorFlow/Keras training helpers.",
     )
+    from tfdp_utils import __version__  # the package's own module: no TensorFlow
+
+    parser.add_argument("--version", action="version", version=f"tfdp-utils {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     env = sub.add_parser("env", help="print versions, devices, cluster and the strategy choice")
