@@ -224,3 +224,106 @@ def test_bad_base_learning_rate_is_rejected(bad):
 def test_non_numeric_learning_rate_is_rejected():
     with pytest.raises(TypeError, match="base_learning_rate must be a number"):
         tdu.scale_learning_rate("0.1", base_batch_size=256, global_batch_size=512)
+
+
+# --- plan_global_batch: reaching a large global batch ----------------------------------------
+
+
+def test_plan_reproduces_goyal_et_al(strategies):
+    # Goyal et al. 2017, table/section 2: 0.1 per 256 images -> 3.2 at 8k, warm-up from 0.1
+    # linearly over the first 5 epochs (ImageNet-1k: 1,281,167 images, 157 updates per epoch).
+    updates = math.ceil(1_281_167 / 8192)
+    plan = tdu.plan_global_batch(
+        8192,
+        strategy=strategies[4],
+        max_per_replica_batch_size=512,
+        base_learning_rate=0.1,
+        warmup_epochs=5,
+        steps_per_epoch=updates,
+    )
+    assert plan.effective_global_batch_size == 8192
+    assert (plan.per_replica_batch_size, plan.num_replicas, plan.accumulation_steps) == (512, 4, 4)
+    assert plan.global_batch_size == 2048
+    assert plan.learning_rate == pytest.approx(3.2)
+    assert plan.warmup_steps == 5 * updates
+    schedule = plan.warmup_schedule
+    rates = [float(schedule(step)) for step in (0, 5 * updates // 2, 5 * updates, 20 * updates)]
+    assert rates[0] == pytest.approx(0.1)
+    assert rates[1] == pytest.approx(0.1 + (3.2 - 0.1) * (5 * updates // 2) / (5 * updates))
+    assert rates[2] == pytest.approx(3.2) and rates[3] == pytest.approx(3.2)
+    sqrt = tdu.plan_global_batch(
+        8192,
+        strategy=strategies[1],
+        max_per_replica_batch_size=8192,
+        base_learning_rate=0.1,
+        rule="sqrt",
+    )
+    assert sqrt.learning_rate == pytest.approx(math.sqrt(32) * 0.1)
+    assert sqrt.accumulation_steps == 1 and sqrt.warmup_schedule is None
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    target=st.integers(1, 5000),
+    replicas=st.sampled_from(REPLICA_COUNTS),
+    limit=st.integers(1, 700),
+)
+def test_plan_takes_the_fewest_accumulation_steps_that_fit(strategies, target, replicas, limit):
+    # Independent: enumerate every (per_replica, steps) split by brute force.
+    splits = [
+        (p, k)
+        for k in range(1, target + 1)
+        for p in range(1, limit + 1)
+        if p * replicas * k == target
+    ]
+    if not splits:
+        with pytest.raises(ValueError, match="cannot be reached exactly"):
+            tdu.plan_global_batch(
+                target, strategy=strategies[replicas], max_per_replica_batch_size=limit
+            )
+        return
+    plan = tdu.plan_global_batch(
+        target, strategy=strategies[replicas], max_per_replica_batch_size=limit
+    )
+    assert (plan.per_replica_batch_size, plan.accumulation_steps) == min(splits, key=lambda s: s[1])
+    assert plan.effective_global_batch_size == target and plan.learning_rate is None
+
+
+def test_unreachable_target_names_the_nearest_reachable_sizes(strategies):
+    with pytest.raises(ValueError) as info:
+        tdu.plan_global_batch(8190, strategy=strategies[4], max_per_replica_batch_size=512)
+    message = str(info.value)
+    assert "target_global_batch_size=8190" in message and "4 replicas" in message
+    assert "8188 (" in message and "8192 (512 per replica x 4 replicas x 4 steps)" in message
+    assert "MirroredStrategy" in message
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "pattern"),
+    [
+        ({"warmup_epochs": 5, "steps_per_epoch": 10}, ValueError, "base_learning_rate=None"),
+        ({"base_learning_rate": 0.1, "warmup_epochs": 5}, ValueError, "steps_per_epoch=None"),
+        ({"base_learning_rate": 0.1, "rule": "cube"}, ValueError, "rule='cube'"),
+        ({"rule": "cube"}, ValueError, "rule='cube'"),
+        ({"max_per_replica_batch_size": 0}, ValueError, "max_per_replica_batch_size must be"),
+        ({"max_per_replica_batch_size": 8.0}, TypeError, "max_per_replica_batch_size=8"),
+        ({"base_learning_rate": -1.0}, ValueError, "base_learning_rate must be"),
+        (
+            {"base_learning_rate": 0.1, "warmup_epochs": 0, "steps_per_epoch": 3},
+            ValueError,
+            "warmup_epochs must be",
+        ),
+    ],
+)
+def test_plan_rejects_bad_arguments(strategies, kwargs, error, pattern):
+    arguments = {"strategy": strategies[2], "max_per_replica_batch_size": 64, **kwargs}
+    with pytest.raises(error, match=pattern):
+        tdu.plan_global_batch(256, **arguments)
+
+
+def test_plan_is_frozen_and_uses_the_strategy_in_scope(strategies):
+    with strategies[2].scope():
+        plan = tdu.plan_global_batch(96, max_per_replica_batch_size=16)
+    assert (plan.num_replicas, plan.per_replica_batch_size, plan.accumulation_steps) == (2, 16, 3)
+    with pytest.raises(AttributeError):
+        plan.accumulation_steps = 1  # type: ignore[misc]

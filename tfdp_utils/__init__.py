@@ -17,9 +17,11 @@ if TYPE_CHECKING:
     from tfdp_utils import callbacks, compat
     from tfdp_utils._tf import IS_KERAS3, KERAS_FLAVOUR
     from tfdp_utils.batching import (
+        GlobalBatchPlan,
         global_batch_size,
         num_replicas_in_sync,
         per_replica_batch_size,
+        plan_global_batch,
         scale_learning_rate,
         steps_per_epoch,
     )
@@ -44,6 +46,7 @@ _HOMES: dict[str, str] = {
     "ClusterTimeoutError": "tfdp_utils.cluster",
     "DatasetInfo": "tfdp_utils.dataset_info",
     "Environment": "tfdp_utils.environment",
+    "GlobalBatchPlan": "tfdp_utils.batching",
     "ShardingPlan": "tfdp_utils.data",
     "StrategyChoice": "tfdp_utils.strategy",
     "TPUProbeError": "tfdp_utils.strategy",
@@ -58,6 +61,7 @@ _HOMES: dict[str, str] = {
     "make_distributed_train_step": "tfdp_utils.training",
     "num_replicas_in_sync": "tfdp_utils.batching",
     "per_replica_batch_size": "tfdp_utils.batching",
+    "plan_global_batch": "tfdp_utils.batching",
     "plan_sharding": "tfdp_utils.data",
     "run_server": "tfdp_utils.construction",
     "scale_learning_rate": "tfdp_utils.batching",
@@ -97,6 +101,7 @@ __all__ = [
     "ClusterTimeoutError",
     "DatasetInfo",
     "Environment",
+    "GlobalBatchPlan",
     "ShardingPlan",
     "StrategyChoice",
     "TPUProbeError",
@@ -114,6 +119,7 @@ __all__ = [
     "make_distributed_train_step",
     "num_replicas_in_sync",
     "per_replica_batch_size",
+    "plan_global_batch",
     "plan_sharding",
     "run_server",
     "scale_learning_rate",

@@ -11,12 +11,16 @@ The arithmetic here is plain Python; ``strategy=None`` means the strategy in sco
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from tfdp_utils._tf import tf
 from tfdp_utils._validate import boolean, positive_float, positive_int
 from tfdp_utils._validate import strategy as check_strategy
+
+if TYPE_CHECKING:
+    from tfdp_utils.schedules import WarmupSchedule
 
 ScalingRule = Literal["linear", "sqrt", "none"]
 SCALING_RULES: tuple[str, ...] = ("linear", "sqrt", "none")
@@ -228,14 +232,208 @@ def steps_per_epoch(
     return -(-examples // size)
 
 
+# --- reaching a large global batch ----------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class GlobalBatchPlan:
+    """How to reach a global batch: per-replica batch x replicas x accumulation steps.
+
+    Attributes:
+        target_global_batch_size: the global batch asked for (examples per optimizer update).
+        num_replicas: replicas in sync of the strategy the plan is for.
+        per_replica_batch_size: examples each replica processes per micro-step.
+        accumulation_steps: micro-steps whose gradients make one optimizer update (1: none).
+        global_batch_size: examples per micro-step over all replicas; batch the dataset with
+            this (``per_replica_batch_size * num_replicas``).
+        effective_global_batch_size: examples per optimizer update
+            (``global_batch_size * accumulation_steps``), equal to the target.
+        learning_rate: the learning rate scaled to ``effective_global_batch_size``, or None
+            when no ``base_learning_rate`` was given.
+        rule: the learning-rate scaling rule used.
+        warmup_steps: optimizer updates the warm-up lasts, or None without a warm-up.
+        warmup_schedule: a :class:`WarmupSchedule` from ``base_learning_rate`` to
+            ``learning_rate`` over ``warmup_steps``, or None. It counts optimizer updates.
+    """
+
+    target_global_batch_size: int
+    num_replicas: int
+    per_replica_batch_size: int
+    accumulation_steps: int
+    global_batch_size: int
+    effective_global_batch_size: int
+    learning_rate: float | None = None
+    rule: ScalingRule = "linear"
+    warmup_steps: int | None = None
+    warmup_schedule: WarmupSchedule | None = None
+
+
+def split_with_accumulation(target: int, num_replicas: int, max_per_replica: int) -> int | None:
+    """The fewest accumulation steps k with ``target == p * num_replicas * k``, ``p <= max``.
+
+    Pure. Fewest steps means the largest per-replica batch that fits, so the fewest
+    micro-steps per update. None when ``target`` is not a multiple of ``num_replicas``.
+    """
+    per_replica_total, remainder = divmod(target, num_replicas)
+    if remainder or per_replica_total == 0:
+        return None
+    for steps in range(-(-per_replica_total // max_per_replica), per_replica_total + 1):
+        if per_replica_total % steps == 0:
+            return steps
+    return None  # pragma: no cover - steps == per_replica_total always divides
+
+
+def _describe(size: int, num_replicas: int, max_per_replica: int) -> str:
+    steps = split_with_accumulation(size, num_replicas, max_per_replica)
+    assert steps is not None  # only called with multiples of num_replicas
+    per_replica = size // (num_replicas * steps)
+    return f"{size} ({per_replica} per replica x {num_replicas} replicas x {steps} steps)"
+
+
+def _unreachable(target: int, num_replicas: int, max_per_replica: int, where: str) -> ValueError:
+    lower = (target // num_replicas) * num_replicas
+    upper = lower + num_replicas
+    options = [s for s in (lower, upper) if s > 0]
+    nearest = " or ".join(_describe(s, num_replicas, max_per_replica) for s in options)
+    filled = num_replicas * max_per_replica
+    return ValueError(
+        f"target_global_batch_size={target} cannot be reached exactly with the "
+        f"{num_replicas} replicas in sync{where}: every optimizer update sums the same number "
+        f"of examples on each replica, so it must be a multiple of {num_replicas}. The nearest "
+        f"reachable sizes are {nearest}; a multiple of {filled} (e.g. "
+        f"{max(1, round(target / filled)) * filled}) fills every replica's "
+        f"max_per_replica_batch_size={max_per_replica}."
+    )
+
+
+def _warmup(
+    learning_rate: float | None,
+    base_learning_rate: float | None,
+    warmup_epochs: Any,
+    updates_per_epoch: Any,
+) -> tuple[int | None, WarmupSchedule | None]:
+    if warmup_epochs is None:
+        if updates_per_epoch is not None:
+            check_size(updates_per_epoch, "steps_per_epoch")
+        return None, None
+    epochs = positive_float(warmup_epochs, "warmup_epochs", unit="number of epochs")
+    if learning_rate is None or base_learning_rate is None:
+        raise ValueError(
+            f"warmup_epochs={warmup_epochs!r} needs the learning rate to warm up to, but "
+            "received base_learning_rate=None. Pass base_learning_rate= (the rate tuned at "
+            "base_batch_size), e.g. base_learning_rate=0.1, base_batch_size=256."
+        )
+    if updates_per_epoch is None:
+        raise ValueError(
+            f"warmup_epochs={warmup_epochs!r} needs the optimizer updates per epoch, but "
+            "received steps_per_epoch=None. Pass steps_per_epoch=tdu.steps_per_epoch("
+            "num_examples, plan.effective_global_batch_size) (one step is one update)."
+        )
+    updates = check_size(updates_per_epoch, "steps_per_epoch")
+    from tfdp_utils.schedules import WarmupSchedule
+
+    steps = max(1, round(epochs * updates))
+    schedule = WarmupSchedule(learning_rate, steps, initial_learning_rate=base_learning_rate)
+    return steps, schedule
+
+
+def plan_global_batch(
+    target_global_batch_size: int,
+    *,
+    strategy: Any = None,
+    max_per_replica_batch_size: int,
+    base_learning_rate: float | None = None,
+    base_batch_size: int = 256,
+    rule: ScalingRule = "linear",
+    warmup_epochs: float | None = None,
+    steps_per_epoch: int | None = None,
+) -> GlobalBatchPlan:
+    """Plan how to reach ``target_global_batch_size`` with the replicas you have.
+
+    Each optimizer update sums the gradients of ``accumulation_steps`` micro-steps, each of
+    ``per_replica_batch_size`` examples on every replica. The plan takes the fewest
+    accumulation steps whose per-replica batch fits ``max_per_replica_batch_size`` and
+    reaches the target exactly, scales the learning rate to it and, when asked, builds the
+    warm-up (Goyal et al. 2017: linear scaling, 5 epochs of linear warm-up from the base rate).
+
+    Args:
+        target_global_batch_size: examples per optimizer update, over all replicas.
+        strategy: a ``tf.distribute.Strategy``. Defaults to `None` (the strategy in scope).
+        max_per_replica_batch_size: the most examples one replica fits in memory per step.
+        base_learning_rate: the learning rate tuned at ``base_batch_size``. Defaults to
+            `None` (no learning rate in the plan).
+        base_batch_size: the global batch ``base_learning_rate`` was tuned at. Defaults to
+            `256`.
+        rule: ``"linear"``, ``"sqrt"`` or ``"none"`` (:func:`scale_learning_rate`). Defaults
+            to `"linear"`.
+        warmup_epochs: epochs of linear warm-up from ``base_learning_rate`` to the scaled
+            rate. Defaults to `None` (no warm-up).
+        steps_per_epoch: optimizer updates per epoch, needed with ``warmup_epochs``
+            (``tdu.steps_per_epoch(num_examples, target_global_batch_size)``). Defaults to
+            `None`.
+
+    Returns:
+        A frozen :class:`GlobalBatchPlan`.
+
+    Raises:
+        TypeError: a size is not an integer or a rate is not a number.
+        ValueError: the target cannot be reached exactly (not a multiple of the replicas in
+            sync; the message names the nearest sizes that can), a size or rate is not
+            positive, or a warm-up lacks ``base_learning_rate`` or ``steps_per_epoch``.
+
+    Examples:
+        >>> import tensorflow as tf
+        >>> import tfdp_utils as tdu
+        >>> strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+        >>> plan = tdu.plan_global_batch(
+        ...     8192, strategy=strategy, max_per_replica_batch_size=512, base_learning_rate=0.1)
+        >>> plan.per_replica_batch_size, plan.accumulation_steps, plan.learning_rate
+        (512, 16, 3.2)
+    """
+    target = check_size(target_global_batch_size, "target_global_batch_size")
+    max_per_replica = check_size(max_per_replica_batch_size, "max_per_replica_batch_size")
+    if strategy is None:
+        strategy = tf.distribute.get_strategy()
+    replicas = num_replicas_in_sync(strategy)
+    steps = split_with_accumulation(target, replicas, max_per_replica)
+    if steps is None:
+        raise _unreachable(target, replicas, max_per_replica, f" of {_strategy_name(strategy)}")
+    per_replica = target // (replicas * steps)
+    learning_rate = None
+    if base_learning_rate is not None:
+        learning_rate = scale_learning_rate(
+            base_learning_rate, base_batch_size=base_batch_size, global_batch_size=target, rule=rule
+        )
+    elif rule not in SCALING_RULES:
+        scale_learning_rate(1.0, base_batch_size=1, global_batch_size=1, rule=rule)  # its error
+    warmup_steps, schedule = _warmup(
+        learning_rate, base_learning_rate, warmup_epochs, steps_per_epoch
+    )
+    return GlobalBatchPlan(
+        target_global_batch_size=target,
+        num_replicas=replicas,
+        per_replica_batch_size=per_replica,
+        accumulation_steps=steps,
+        global_batch_size=per_replica * replicas,
+        effective_global_batch_size=per_replica * replicas * steps,
+        learning_rate=learning_rate,
+        rule=rule,
+        warmup_steps=warmup_steps,
+        warmup_schedule=schedule,
+    )
+
+
 __all__ = [
     "SCALING_RULES",
+    "GlobalBatchPlan",
     "ScalingRule",
     "check_size",
     "global_batch_size",
     "num_replicas_in_sync",
     "per_replica_batch_size",
+    "plan_global_batch",
     "scale_learning_rate",
     "split_batch_size",
+    "split_with_accumulation",
     "steps_per_epoch",
 ]
