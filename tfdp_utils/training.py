@@ -12,10 +12,12 @@ replicas train the same model on the same global batches to the same weights.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
+from tfdp_utils import mixed_precision
 from tfdp_utils._tf import IS_KERAS3, KERAS_FLAVOUR, distributed_variable, keras, tf
 from tfdp_utils._validate import positive_int
+from tfdp_utils.accumulation import GradientAccumulator
 
 _NO_REDUCTION = ("none", None)
 
@@ -127,6 +129,236 @@ def _per_example(values: Any, sample_weight: Any) -> Any:
     return values
 
 
+JitCompile = bool | Literal["auto"]
+
+
+def resolve_jit_compile(jit_compile: Any, strategy: Any) -> bool:
+    """``jit_compile`` as a bool: ``"auto"`` means XLA when the replicas are GPUs or TPUs.
+
+    XLA rarely pays on CPU (and compiles once per batch shape), so ``"auto"`` leaves it off
+    there, as Keras 3's ``jit_compile="auto"`` does under tf.distribute.
+    """
+    if isinstance(jit_compile, bool):
+        return jit_compile
+    if jit_compile == "auto":
+        devices = [str(device).upper() for device in strategy.extended.worker_devices]
+        return any(":GPU:" in device or ":TPU:" in device for device in devices)
+    raise TypeError(
+        f"jit_compile must be True, False or 'auto', but received {jit_compile!r} of type "
+        f"{type(jit_compile).__name__}. Pass jit_compile=True to compile each replica's "
+        "forward and backward pass with XLA."
+    )
+
+
+def _values(gradient: Any) -> Any:
+    return gradient.values if isinstance(gradient, tf.IndexedSlices) else gradient
+
+
+def _add_to(gradient: Any, value: Any) -> Any:
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.IndexedSlices(
+            gradient.values + tf.cast(value, gradient.dtype), gradient.indices, gradient.dense_shape
+        )
+    return gradient + tf.cast(value, gradient.dtype)
+
+
+class DistributedTrainStep:
+    """The step :func:`make_distributed_train_step` returns: ``step(distributed_batch) -> loss``.
+
+    Call it from Python (eagerly), once per element of
+    ``strategy.experimental_distribute_dataset(...)``: with ``accumulation_steps=k`` every
+    k-th call applies the optimizer, and the step keeps count of the calls in Python.
+
+    Attributes:
+        accumulation_steps: micro-batches per optimizer update.
+        jit_compile: whether each replica's forward and backward pass is compiled with XLA.
+        pending_micro_steps: micro-batches accumulated since the last update; they carry over
+            to the next call (as Keras 3's ``gradient_accumulation_steps`` carries over epochs).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        loss_fn: Callable[..., Any],
+        optimizer: Any,
+        strategy: Any,
+        fixed_size: int | None,
+        metrics: list[Any],
+        accumulation_steps: int,
+        jit_compile: bool,
+    ) -> None:
+        self.model, self.optimizer, self.strategy = model, optimizer, strategy
+        self._loss_fn, self._fixed_size, self._metrics = loss_fn, fixed_size, metrics
+        self.accumulation_steps = accumulation_steps
+        self.jit_compile = jit_compile
+        self.pending_micro_steps = 0
+        self._loss_scaling = mixed_precision.is_loss_scale_optimizer(optimizer)
+        self._local_replicas = len(strategy.extended.worker_devices)
+        with strategy.scope():
+            self._skipped = None
+            if self._loss_scaling:
+                self._skipped = tf.Variable(
+                    tf.constant(0, tf.int64),
+                    trainable=False,
+                    aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+                    name="skipped_steps",
+                )
+            self._accumulator = None
+            if accumulation_steps > 1:
+                self._accumulator = GradientAccumulator(model.trainable_variables)
+        self._gradients = self._replica_gradients
+        if jit_compile:
+            self._gradients = tf.function(self._replica_gradients, jit_compile=True)
+        self._accumulate = tf.function(self._accumulate_step)
+        self._apply = tf.function(self._apply_step)
+
+    @property
+    def skipped_steps(self) -> int:
+        """Optimizer updates skipped because a gradient was inf/NaN (loss scaling only)."""
+        return 0 if self._skipped is None else int(self._skipped.numpy())
+
+    def __call__(self, distributed_batch: Any) -> Any:
+        """Train on one distributed (micro-)batch; returns its loss (a scalar tensor)."""
+        self._check_distributed(distributed_batch)
+        if self.pending_micro_steps + 1 < self.accumulation_steps:
+            loss = self._accumulate(distributed_batch)
+            self.pending_micro_steps += 1
+        else:
+            loss = self._apply(distributed_batch)
+            self.pending_micro_steps = 0
+        return loss
+
+    def _check_distributed(self, batch: Any) -> None:
+        if self.accumulation_steps > 1 and tf.inside_function():
+            raise RuntimeError(
+                f"accumulation_steps={self.accumulation_steps}: call the step from Python, not "
+                "inside a tf.function: it counts micro-batches in Python to know when to "
+                "apply the optimizer. The step compiles itself."
+            )
+        if self._local_replicas < 2:
+            return
+        if any(isinstance(v, tf.distribute.DistributedValues) for v in tf.nest.flatten(batch)):
+            return
+        raise ValueError(
+            f"The step received a batch of plain tensors ({type(batch).__name__}), not a "
+            f"distributed batch, so each of the {self._local_replicas} replicas of "
+            f"{type(self.strategy).__name__} would train on the whole batch. Pass the elements "
+            "of strategy.experimental_distribute_dataset(dataset) (or of "
+            "tdu.build_distributed_dataset(...)), batched with the global batch size."
+        )
+
+    # --- per replica ---------------------------------------------------------------------
+
+    def _examples(self, y: Any) -> Any:
+        if self._fixed_size is not None:
+            return tf.constant(float(self._fixed_size), tf.float32)
+        # Count this global batch over all replicas: a partial last batch is averaged right.
+        local = tf.cast(tf.shape(y)[0], tf.float32)
+        return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, local)
+
+    def _replica_gradients(
+        self, x: Any, y: Any, sample_weight: Any, divide_by: Any, regularize: bool
+    ) -> tuple[Any, ...]:
+        """Gradients of the (scaled) summed loss / ``divide_by`` (+ regularization)."""
+        with tf.GradientTape() as tape:
+            y_pred = self.model(x, training=True)
+            loss_sum = tf.reduce_sum(_per_example(self._loss_fn(y, y_pred), sample_weight))
+            regularization = tf.constant(0.0, tf.float32)
+            if self.model.losses:
+                regularization = tf.nn.scale_regularization_loss(
+                    tf.add_n([tf.cast(value, tf.float32) for value in self.model.losses])
+                )
+            objective = loss_sum / divide_by
+            if regularize:
+                objective += regularization
+            scaled = mixed_precision.scale_loss(self.optimizer, objective)
+        gradients = tape.gradient(scaled, self.model.trainable_variables)
+        return gradients, y_pred, loss_sum, regularization
+
+    def _replica_accumulate(self, x: Any, y: Any, sample_weight: Any) -> Any:
+        examples = self._examples(y)
+        gradients, y_pred, loss_sum, regularization = self._gradients(
+            x, y, sample_weight, tf.constant(1.0), False
+        )
+        assert self._accumulator is not None  # built whenever accumulation_steps > 1
+        self._accumulator.add(gradients, examples)
+        for metric in self._metrics:
+            metric.update_state(y, y_pred, sample_weight=sample_weight)
+        return loss_sum / examples + regularization
+
+    def _replica_apply(self, x: Any, y: Any, sample_weight: Any) -> Any:
+        examples = self._examples(y)
+        total, sums = examples, None
+        if self._accumulator is not None:
+            sums, before = self._accumulator.read()
+            total = examples + tf.cast(before, tf.float32)
+        gradients, y_pred, loss_sum, regularization = self._gradients(
+            x, y, sample_weight, total, True
+        )
+        if sums is not None:
+            gradients = [
+                g if g is None else _add_to(tf.convert_to_tensor(g), s / total)
+                for g, s in zip(gradients, sums, strict=True)
+            ]
+        gradients = self._guard_non_finite(gradients)
+        gradients = mixed_precision.gradients_to_apply(self.optimizer, gradients)
+        self.optimizer.apply_gradients(zip(gradients, self.model.trainable_variables, strict=True))
+        if self._accumulator is not None:
+            self._accumulator.reset()
+        for metric in self._metrics:
+            metric.update_state(y, y_pred, sample_weight=sample_weight)
+        return loss_sum / examples + regularization
+
+    def _guard_non_finite(self, gradients: list[Any]) -> list[Any]:
+        """With loss scaling: count a non-finite update and make every replica see it.
+
+        The LossScaleOptimizer skips an update whose gradients are not finite, but Keras 3
+        checks only the first replica's; a NaN added on every replica makes them agree.
+        """
+        if self._skipped is None:
+            return gradients
+        finite = [tf.reduce_all(tf.math.is_finite(_values(g))) for g in gradients if g is not None]
+        local_bad = tf.cast(tf.logical_not(tf.reduce_all(tf.stack(finite))), tf.float32)
+        context = tf.distribute.get_replica_context()
+        bad = context.all_reduce(tf.distribute.ReduceOp.SUM, local_bad) > 0
+        self._skipped.assign_add(tf.cast(bad, tf.int64))
+        poison = tf.where(bad, tf.constant(float("nan")), tf.constant(0.0))
+        return [None if g is None else _add_to(g, poison) for g in gradients]
+
+    # --- across replicas -----------------------------------------------------------------
+
+    def _accumulate_step(self, distributed_batch: Any) -> Any:
+        x, y, sample_weight = _unpack(distributed_batch)
+        per_replica = self.strategy.run(self._replica_accumulate, args=(x, y, sample_weight))
+        return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+    def _apply_step(self, distributed_batch: Any) -> Any:
+        x, y, sample_weight = _unpack(distributed_batch)
+        per_replica = self.strategy.run(self._replica_apply, args=(x, y, sample_weight))
+        return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+
+def _check_setup(model: Any, optimizer: Any, strategy: Any, metrics: list[Any]) -> None:
+    if not getattr(model, "built", False) or not model.trainable_variables:
+        raise ValueError(
+            f"model {getattr(model, 'name', model)!r} has no trainable variables yet. Build it "
+            "under strategy.scope() before making the step, e.g. by giving it a keras.Input "
+            "or calling model(example_batch) once."
+        )
+    _check_in_scope(strategy, model.trainable_variables, "model")
+    _check_in_scope(strategy, [optimizer.iterations], "optimizer")
+    for metric in metrics:
+        _check_in_scope(strategy, metric.variables, f"metric {metric.name!r}")
+    mixed_precision.check_policy(model, optimizer)
+    if IS_KERAS3 and not optimizer.built:
+        # Keras 3 creates optimizer variables on the first apply_gradients, which fails
+        # inside a tf.function on 2+ replicas; create them under the scope now.
+        with strategy.scope():
+            optimizer.build(model.trainable_variables)
+    # tf_keras creates its optimizer variables lazily in a merge_call, which works here.
+
+
 def make_distributed_train_step(
     model: Any,
     *,
@@ -135,8 +367,10 @@ def make_distributed_train_step(
     strategy: Any = None,
     global_batch_size: int | None = None,
     metrics: Any = None,
-) -> Any:
-    """Build a ``tf.function`` that trains ``model`` on one distributed batch.
+    accumulation_steps: int = 1,
+    jit_compile: JitCompile = False,
+) -> DistributedTrainStep:
+    """Build a step that trains ``model`` on one distributed batch (or micro-batch).
 
     Per replica the step computes the per-example loss, divides its sum by the number of
     examples in the global batch (``tf.nn.compute_average_loss``), adds the model's
@@ -145,6 +379,16 @@ def make_distributed_train_step(
     sums them over replicas), and updates ``metrics`` with ``(y, y_pred, sample_weight)`` as
     ``fit`` does. It returns the loss averaged over the global batch (regularization
     included), the same number on every replica count.
+
+    With ``accumulation_steps=k`` each replica sums its gradients over k micro-batches in
+    replica-local accumulators and the optimizer is applied on every k-th call, with the
+    mean gradient over all examples of the k micro-batches on all replicas: the same update
+    as one step on their concatenation, also when a micro-batch is partial.
+
+    With a ``LossScaleOptimizer`` (``mixed_float16``) the step scales the loss and has the
+    optimizer unscale the gradients, on Keras 3 and tf_keras; an update with an inf/NaN
+    gradient on any replica is skipped (the optimizer lowers the scale) and counted in
+    ``step.skipped_steps``.
 
     Build the model, optimizer and metrics under ``strategy.scope()``. On Keras 3 the step
     creates the optimizer's variables under the scope (``optimizer.build``) if they do not
@@ -156,24 +400,30 @@ def make_distributed_train_step(
             or ``(batch, ...)``, averaged over the trailing axes), e.g.
             ``keras.losses.sparse_categorical_crossentropy`` (or its name as a string), or a
             Keras loss object with ``reduction="none"``. A Keras loss that reduces is rejected.
-        optimizer: a Keras optimizer created under ``strategy.scope()``.
+        optimizer: a Keras optimizer created under ``strategy.scope()``; a
+            ``keras.mixed_precision.LossScaleOptimizer`` for a ``mixed_float16`` model.
         strategy: a ``tf.distribute.Strategy``. Defaults to `None` (the strategy in scope).
-        global_batch_size: divide every step's loss by this many examples. Defaults to
-            `None`: the number of examples actually in each global batch, counted over all
-            replicas, so a partial last batch is averaged correctly.
+        global_batch_size: divide every micro-batch's loss by this many examples. Defaults
+            to `None`: the number of examples actually in each global batch, counted over
+            all replicas, so a partial last batch is averaged correctly.
         metrics: Keras metric objects (created under the scope) to update each step.
             Defaults to `None`.
+        accumulation_steps: micro-batches per optimizer update. Defaults to `1`.
+        jit_compile: compile each replica's forward and backward pass with XLA (the
+            cross-replica sum and the update run outside XLA): True, False, or ``"auto"``
+            (XLA when the replicas are GPUs or TPUs). Defaults to `False`.
 
     Returns:
-        A ``tf.function`` ``step(distributed_batch) -> loss``. ``distributed_batch`` is one
-        element of ``strategy.experimental_distribute_dataset(...)``: ``(x, y)`` or
-        ``(x, y, sample_weight)``. ``loss`` is a scalar tensor.
+        A :class:`DistributedTrainStep` ``step(distributed_batch) -> loss``.
+        ``distributed_batch`` is one element of ``strategy.experimental_distribute_dataset``:
+        ``(x, y)`` or ``(x, y, sample_weight)``; ``loss`` is a scalar tensor.
 
     Raises:
         ValueError: a Keras loss whose reduction is not ``"none"``, a model that is not
-            built, or variables created outside the strategy's scope.
-        TypeError: ``loss`` is not callable, ``metrics`` are not Keras metrics, or
-            ``global_batch_size`` is not an integer.
+            built, variables created outside the strategy's scope, a float16 model without
+            loss scaling, or an optimizer that accumulates itself as well.
+        TypeError: ``loss`` is not callable, ``metrics`` are not Keras metrics, or a size or
+            ``jit_compile`` has the wrong type.
 
     Examples:
         >>> import numpy as np
@@ -204,53 +454,24 @@ def make_distributed_train_step(
     fixed_size = None
     if global_batch_size is not None:
         fixed_size = positive_int(global_batch_size, "global_batch_size")
-    if not getattr(model, "built", False) or not model.trainable_variables:
+    steps = positive_int(accumulation_steps, "accumulation_steps")
+    if steps > 1 and getattr(optimizer, "gradient_accumulation_steps", None):
         raise ValueError(
-            f"model {getattr(model, 'name', model)!r} has no trainable variables yet. Build it "
-            "under strategy.scope() before making the step, e.g. by giving it a keras.Input "
-            "or calling model(example_batch) once."
+            f"accumulation_steps={steps} and an optimizer with gradient_accumulation_steps="
+            f"{optimizer.gradient_accumulation_steps} would accumulate twice. Use one: "
+            "accumulation_steps= here (exact over partial micro-batches) or the optimizer's."
         )
-    _check_in_scope(strategy, model.trainable_variables, "model")
-    _check_in_scope(strategy, [optimizer.iterations], "optimizer")
-    for metric in metric_list:
-        _check_in_scope(strategy, metric.variables, f"metric {metric.name!r}")
-    if IS_KERAS3 and not optimizer.built:
-        # Keras 3 creates optimizer variables on the first apply_gradients, which fails
-        # inside a tf.function on 2+ replicas; create them under the scope now.
-        with strategy.scope():
-            optimizer.build(model.trainable_variables)
-    # tf_keras creates its optimizer variables lazily in a merge_call, which works here.
-
-    def replica_step(x: Any, y: Any, sample_weight: Any) -> Any:
-        if fixed_size is None:
-            # tf.nn.compute_average_loss(global_batch_size=None) assumes every replica holds
-            # a full share, which is wrong for a partial last batch: count the examples of
-            # this global batch over all replicas instead.
-            context = tf.distribute.get_replica_context()
-            local = tf.cast(tf.shape(y)[0], tf.float32)
-            examples = tf.cast(context.all_reduce(tf.distribute.ReduceOp.SUM, local), tf.int64)
-        else:
-            examples = tf.constant(fixed_size, tf.int64)
-        with tf.GradientTape() as tape:
-            y_pred = model(x, training=True)
-            per_example = _per_example(loss_fn(y, y_pred), sample_weight)
-            scaled = tf.nn.compute_average_loss(per_example, global_batch_size=examples)
-            if model.losses:
-                scaled += tf.nn.scale_regularization_loss(
-                    tf.add_n([tf.cast(value, tf.float32) for value in model.losses])
-                )
-        gradients = tape.gradient(scaled, model.trainable_variables)
-        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
-        for metric in metric_list:
-            metric.update_state(y, y_pred, sample_weight=sample_weight)
-        return scaled
-
-    def train_step(distributed_batch: Any) -> Any:
-        x, y, sample_weight = _unpack(distributed_batch)
-        per_replica_loss = strategy.run(replica_step, args=(x, y, sample_weight))
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)
-
-    return tf.function(train_step)
+    _check_setup(model, optimizer, strategy, metric_list)
+    return DistributedTrainStep(
+        model,
+        loss_fn=loss_fn,
+        optimizer=optimizer,
+        strategy=strategy,
+        fixed_size=fixed_size,
+        metrics=metric_list,
+        accumulation_steps=steps,
+        jit_compile=resolve_jit_compile(jit_compile, strategy),
+    )
 
 
-__all__ = ["make_distributed_train_step"]
+__all__ = ["DistributedTrainStep", "make_distributed_train_step", "resolve_jit_compile"]

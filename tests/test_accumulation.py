@@ -1,0 +1,216 @@
+"""Gradient accumulation: 2 replicas x 2 micro-batches x 8 examples == one device on 32.
+
+Every run here is compared with an independent reference: one device, no strategy, no
+accumulation, a plain GradientTape loop over global batches of 32 (the same examples in the
+same order), with the loss averaged over each batch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tfdp_utils as tdu
+from tfdp_utils._tf import keras, tf
+
+pytestmark = pytest.mark.keras
+
+REPLICAS = 2
+PER_REPLICA = 8
+ACCUMULATION = 2
+MICRO_BATCH = REPLICAS * PER_REPLICA  # 16 examples per micro-step over both replicas
+UPDATE_BATCH = MICRO_BATCH * ACCUMULATION  # 32 examples per optimizer update
+UPDATES = 5
+FULL = UPDATES * UPDATE_BATCH  # 160 examples: 5 full updates
+PARTIAL = FULL - 10  # 150: the last update has a full micro-batch of 16 and a partial one of 6
+TOLERANCE = 1e-5
+
+
+def _data(num_examples: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(num_examples, 6)).astype("float32")
+    y = rng.integers(0, 3, size=num_examples).astype("int64")
+    return x, y
+
+
+def _model(regularized: bool = True) -> keras.Model:
+    regularizer = keras.regularizers.L2(0.01) if regularized else None
+    return keras.Sequential(
+        [
+            keras.Input((6,)),
+            keras.layers.Dense(8, activation="tanh", kernel_regularizer=regularizer),
+            keras.layers.Dense(3),
+        ]
+    )
+
+
+def _optimizer() -> keras.optimizers.Optimizer:
+    return keras.optimizers.SGD(learning_rate=0.2, momentum=0.9)
+
+
+@pytest.fixture(scope="module")
+def initial_weights() -> list[np.ndarray]:
+    return [w.copy() for w in _model().get_weights()]
+
+
+@pytest.fixture(scope="module")
+def strategy() -> tf.distribute.Strategy:
+    return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(REPLICAS)])
+
+
+def _reference(initial_weights, num_examples, regularized=True):
+    """One device, one update per batch of 32, loss = mean over the batch + regularization."""
+    model = _model(regularized)
+    model.set_weights(initial_weights)
+    optimizer = _optimizer()
+    x, y = _data(num_examples)
+    updates = 0
+    for start in range(0, num_examples, UPDATE_BATCH):
+        xb, yb = x[start : start + UPDATE_BATCH], y[start : start + UPDATE_BATCH]
+        with tf.GradientTape() as tape:
+            logits = model(xb, training=True)
+            loss = tf.reduce_mean(
+                keras.losses.sparse_categorical_crossentropy(yb, logits, from_logits=True)
+            )
+            if model.losses:
+                loss += tf.add_n(model.losses)
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+        updates += 1
+    return model.get_weights(), updates
+
+
+def _max_difference(a, b) -> float:
+    return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b, strict=True))
+
+
+def _custom_step_run(strategy, initial_weights, num_examples, **step_kwargs):
+    with strategy.scope():
+        model = _model()
+        model.set_weights(initial_weights)
+        optimizer = _optimizer()
+    step = tdu.make_distributed_train_step(
+        model,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none"),
+        optimizer=optimizer,
+        strategy=strategy,
+        accumulation_steps=ACCUMULATION,
+        **step_kwargs,
+    )
+    x, y = _data(num_examples)
+    micro_batches = tf.data.Dataset.from_tensor_slices((x, y)).batch(MICRO_BATCH)
+    calls = 0
+    for batch in strategy.experimental_distribute_dataset(micro_batches):
+        assert np.isfinite(float(step(batch)))
+        calls += 1
+    return model.get_weights(), int(optimizer.iterations.numpy()), calls, step
+
+
+@pytest.mark.parametrize("num_examples", [FULL, PARTIAL])
+def test_custom_step_accumulates_to_the_one_device_weights(strategy, initial_weights, num_examples):
+    reference, updates = _reference(initial_weights, num_examples)
+    weights, iterations, calls, step = _custom_step_run(strategy, initial_weights, num_examples)
+    assert (calls, iterations, updates) == (2 * UPDATES, UPDATES, UPDATES)
+    assert step.pending_micro_steps == 0 and step.skipped_steps == 0
+    assert _max_difference(weights, reference) <= TOLERANCE
+    assert _max_difference(weights, initial_weights) > 1e-2  # it trained
+
+
+def test_custom_step_with_xla_accumulates_to_the_same_weights(strategy, initial_weights):
+    reference, _ = _reference(initial_weights, PARTIAL)
+    weights, iterations, _, step = _custom_step_run(
+        strategy, initial_weights, PARTIAL, jit_compile=True
+    )
+    assert step.jit_compile is True and iterations == UPDATES
+    assert _max_difference(weights, reference) <= TOLERANCE
+
+
+def test_averaging_each_micro_batch_alone_would_differ(initial_weights):
+    """The partial case is a real test: a mean of micro-batch means gives other weights."""
+    reference, _ = _reference(initial_weights, PARTIAL)
+    model = _model()
+    model.set_weights(initial_weights)
+    optimizer = _optimizer()
+    x, y = _data(PARTIAL)
+    for start in range(0, PARTIAL, UPDATE_BATCH):
+        gradients = None
+        for micro in range(start, min(start + UPDATE_BATCH, PARTIAL), MICRO_BATCH):
+            with tf.GradientTape() as tape:
+                logits = model(x[micro : micro + MICRO_BATCH], training=True)
+                loss = tf.reduce_mean(
+                    keras.losses.sparse_categorical_crossentropy(
+                        y[micro : micro + MICRO_BATCH], logits, from_logits=True
+                    )
+                ) + tf.add_n(model.losses)
+            new = tape.gradient(loss, model.trainable_variables)
+            gradients = (
+                new if gradients is None else [a + b for a, b in zip(gradients, new, strict=True)]
+            )
+        gradients = [g / ACCUMULATION for g in gradients]
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+    assert _max_difference(model.get_weights(), reference) > 1e-3
+
+
+def test_pending_micro_batches_carry_over(strategy, initial_weights):
+    with strategy.scope():
+        model = _model()
+        model.set_weights(initial_weights)
+        optimizer = _optimizer()
+    step = tdu.make_distributed_train_step(
+        model,
+        loss="sparse_categorical_crossentropy",
+        optimizer=optimizer,
+        strategy=strategy,
+        accumulation_steps=3,
+    )
+    x, y = _data(4 * MICRO_BATCH)
+    batches = strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(MICRO_BATCH)
+    )
+    seen = []
+    for batch in batches:
+        step(batch)
+        seen.append((step.pending_micro_steps, int(optimizer.iterations.numpy())))
+    assert seen == [(1, 0), (2, 0), (0, 1), (1, 1)]
+
+
+def test_plain_tensors_are_refused_with_the_fix(strategy, initial_weights):
+    with strategy.scope():
+        model = _model()
+        optimizer = _optimizer()
+    step = tdu.make_distributed_train_step(
+        model, loss="sparse_categorical_crossentropy", optimizer=optimizer, strategy=strategy
+    )
+    x, y = _data(MICRO_BATCH)
+    with pytest.raises(ValueError, match=r"plain tensors.*each of the 2 replicas.*"):
+        step((tf.constant(x), tf.constant(y)))
+    assert int(optimizer.iterations.numpy()) == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "pattern"),
+    [
+        ({"accumulation_steps": 0}, ValueError, "accumulation_steps must be"),
+        ({"accumulation_steps": 2.0}, TypeError, "accumulation_steps=2"),
+        ({"jit_compile": "yes"}, TypeError, "jit_compile must be True, False or 'auto'"),
+    ],
+)
+def test_bad_arguments_are_rejected(strategy, kwargs, error, pattern):
+    with strategy.scope():
+        model = _model()
+        optimizer = _optimizer()
+    with pytest.raises(error, match=pattern):
+        tdu.make_distributed_train_step(
+            model,
+            loss="sparse_categorical_crossentropy",
+            optimizer=optimizer,
+            strategy=strategy,
+            **kwargs,
+        )
+
+
+def test_jit_compile_auto_is_off_on_cpus(strategy):
+    from tfdp_utils.training import resolve_jit_compile
+
+    assert resolve_jit_compile("auto", strategy) is False
+    assert resolve_jit_compile(True, strategy) is True
