@@ -1,0 +1,423 @@
+"""The builder: ``build_distributed_dataset`` and ``plan_sharding``, the public entry points.
+
+Each call runs the same short sequence: validate the arguments, gather facts about the
+source (:mod:`~tfdp_utils.data.sources`), plan (:mod:`~tfdp_utils.data.sharding`,
+:mod:`~tfdp_utils.data.epochs`), log the diagnosis (:mod:`~tfdp_utils.data.diagnostics`),
+build the pipeline (:mod:`~tfdp_utils.data.pipeline`) inside the strategy and attach its
+info (:mod:`~tfdp_utils.data.attach`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any, cast
+
+from tfdp_utils import dataset_info
+from tfdp_utils._tf import tf
+from tfdp_utils._validate import positive_int
+from tfdp_utils.batching import split_batch_size
+from tfdp_utils.data.attach import attach
+from tfdp_utils.data.diagnostics import BuildFacts, diagnose
+from tfdp_utils.data.epochs import (
+    StepShape,
+    check_repeat,
+    dataset_info_for,
+    needs_element_check,
+    plan_epochs,
+)
+from tfdp_utils.data.pipeline import Recipe, global_dataset, per_worker_dataset
+from tfdp_utils.data.sharding import (
+    ShardingPlan,
+    SourceFacts,
+    check_policy,
+    plan_from_facts,
+    shuffle_seed,
+)
+from tfdp_utils.data.sources import (
+    array_length,
+    cardinality,
+    check_unbatched,
+    dense_only,
+    gather_facts,
+    reader_dataset,
+    source_kind,
+)
+from tfdp_utils.topology import position_of
+
+logger = logging.getLogger("tfdp_utils")
+
+
+# -------------------------------------------------------------------------- validation
+
+
+def _strategy_or_default(strategy: Any, caller: str | None = "build_distributed_dataset") -> Any:
+    """``strategy``, or the strategy in scope; warns when that is the default one by mistake.
+
+    ``caller`` names the function in the warning; None does not warn.
+    """
+    if strategy is not None:
+        return strategy
+    resolved = tf.distribute.get_strategy()
+    if caller is None or tf.distribute.has_strategy():
+        return resolved
+    built = dataset_info.last_strategy()
+    replicas = int(getattr(built, "num_replicas_in_sync", 1)) if built is not None else 1
+    if replicas > 1:
+        logger.warning(
+            "tfdp_utils: %s(strategy=None) outside any strategy scope uses TensorFlow's "
+            "default strategy (1 replica), but auto_strategy() built %s with %d replicas in "
+            "this process: the data will not be split over those replicas. Pass "
+            "strategy=strategy, or call %s inside `with strategy.scope():`.",
+            caller,
+            type(built).__name__,
+            replicas,
+            caller,
+        )
+    return resolved
+
+
+def _per_replica_size(
+    global_batch_size: int | None, per_replica_batch_size: int | None, replicas: int, strategy: Any
+) -> int:
+    if (global_batch_size is None) == (per_replica_batch_size is None):
+        got = "both" if global_batch_size is not None else "neither"
+        raise ValueError(
+            f"pass exactly one of global_batch_size and per_replica_batch_size, but received "
+            f"{got} (global_batch_size={global_batch_size!r}, "
+            f"per_replica_batch_size={per_replica_batch_size!r}). The global size is split "
+            f"over the {replicas} replica(s) in sync; e.g. global_batch_size={32 * replicas} or "
+            "per_replica_batch_size=32."
+        )
+    if per_replica_batch_size is not None:
+        return positive_int(per_replica_batch_size, "per_replica_batch_size")
+    where = f" of {type(strategy).__name__}"
+    return split_batch_size(cast(int, global_batch_size), replicas, where=where)
+
+
+def _split_options(options: Any) -> tuple[Any, Any]:
+    """``(tf.data.Options or None, tf.distribute.InputOptions or None)`` from ``options``."""
+    if options is None:
+        return None, None
+    if isinstance(options, tf.data.Options):
+        return options, None
+    if isinstance(options, tf.distribute.InputOptions):
+        return None, options
+    raise TypeError(
+        f"options of type {type(options).__name__} is not supported; pass a tf.data.Options "
+        "or a tf.distribute.InputOptions."
+    )
+
+
+def _check_map_fn(map_fn: Any, element_spec: Any) -> None:
+    if map_fn is None:
+        return
+    if not callable(map_fn):
+        raise TypeError(f"map_fn={map_fn!r} is not callable; pass a function of one element.")
+    arity = len(element_spec) if isinstance(element_spec, tuple) else 1
+    try:
+        signature = inspect.signature(map_fn)
+    except (TypeError, ValueError):  # builtins and some C callables have none
+        return
+    try:
+        signature.bind(*([None] * arity))
+    except TypeError:
+        structure = (
+            f"a tuple of {arity} components, which tf.data passes as {arity} arguments"
+            if isinstance(element_spec, tuple)
+            else f"a single {'dict' if isinstance(element_spec, Mapping) else 'value'}, "
+            "passed as one argument"
+        )
+        raise ValueError(
+            f"map_fn{signature} cannot take the dataset's elements: each element is "
+            f"{structure}. Change map_fn to accept {arity} positional argument(s)."
+        ) from None
+
+
+# ----------------------------------------------------------------------- gathering facts
+
+
+def _gather(
+    source: Any, *, shard_policy: str, reader: Callable[[Any], Any], count_examples: bool
+) -> tuple[Any, SourceFacts]:
+    """The source as the pipeline reads it (arrays become a Dataset), and its facts."""
+    kind = source_kind(source)
+    if kind == "arrays":
+        array_length(source)
+        dataset = tf.data.Dataset.from_tensor_slices(source)
+        return dataset, SourceFacts("arrays", num_examples=cardinality(dataset))
+    if kind == "dataset":
+        check_unbatched(source, "source")
+    facts = gather_facts(
+        source, shard_policy=shard_policy, reader=reader, count_examples=count_examples
+    )
+    return source, facts
+
+
+def _element_spec(
+    source: Any, facts: SourceFacts, plan: ShardingPlan, reader: Callable[[Any], Any], index: int
+) -> Any:
+    """The spec of one unbatched element as this worker reads it; None for a function."""
+    if facts.kind == "function":
+        return None
+    if facts.kind != "files":
+        return source.element_spec
+    own = plan.files_per_worker[index]
+    return reader_dataset(reader, own[0] if own else facts.files[0]).element_spec
+
+
+def _mapped_dense(
+    source: Any,
+    facts: SourceFacts,
+    element_spec: Any,
+    map_fn: Callable[..., Any] | None,
+    reader: Callable[[Any], Any],
+) -> bool:
+    """Whether the elements as batched (after ``map_fn``) are all dense tensors."""
+    if map_fn is None:
+        return dense_only(element_spec)
+    read = reader_dataset(reader, facts.files[0]) if facts.kind == "files" else source
+    return dense_only(read.map(map_fn).element_spec)
+
+
+# -------------------------------------------------------------------------- the builders
+
+
+def plan_sharding(
+    source: Any,
+    *,
+    strategy: Any = None,
+    num_workers: int | None = None,
+    shard_policy: str = "auto",
+    global_batch_size: int | None = None,
+    per_replica_batch_size: int | None = None,
+    drop_remainder: bool = False,
+    reader: Callable[[Any], Any] | None = None,
+    count_examples: bool = False,
+) -> ShardingPlan:
+    """Decide how ``source`` is split between workers, without building anything.
+
+    Args:
+        source: what :func:`build_distributed_dataset` accepts.
+        strategy: the ``tf.distribute.Strategy`` that will train. Defaults to `None`
+            (``tf.distribute.get_strategy()``: the strategy in scope; outside any scope
+            TensorFlow's default strategy, which logs a warning when
+            :func:`~tfdp_utils.auto_strategy` built one with several replicas).
+        num_workers: plan for this many workers instead of the strategy's (with one replica
+            per worker if the strategy has fewer replicas than that). Defaults to `None`.
+        shard_policy: ``"auto"``, ``"file"``, ``"data"``, ``"hint"`` or ``"off"``.
+            Defaults to `"auto"`.
+        global_batch_size: with it, the plan includes steps per worker when the example count
+            is known. Defaults to `None`.
+        per_replica_batch_size: alternative to ``global_batch_size``. Defaults to `None`.
+        drop_remainder: as for the builder. Defaults to `False`.
+        reader: as for the builder. Defaults to `None` (``tf.data.TFRecordDataset``).
+        count_examples: count the examples of file sources (reads every file once), so the
+            plan knows examples and steps per worker. Defaults to `False`.
+
+    Returns:
+        A :class:`ShardingPlan`.
+
+    Raises:
+        ValueError: unknown policy, a policy that cannot apply to the source, files that do
+            not exist, a glob that matches nothing.
+
+    Examples:
+        >>> import numpy as np
+        >>> import tfdp_utils as tdu
+        >>> tdu.plan_sharding(np.arange(10), num_workers=2).policy
+        'data'
+    """
+    # With num_workers given, the strategy only sets the replicas: nothing to warn about.
+    strategy = _strategy_or_default(strategy, "plan_sharding" if num_workers is None else None)
+    replicas = int(strategy.num_replicas_in_sync)
+    workers = position_of(strategy).num_workers
+    if num_workers is not None:
+        workers = positive_int(num_workers, "num_workers")
+        replicas = max(replicas, workers)
+    per_replica = None
+    if global_batch_size is not None or per_replica_batch_size is not None:
+        per_replica = _per_replica_size(
+            global_batch_size, per_replica_batch_size, replicas, strategy
+        )
+    check_policy(shard_policy)
+    facts = gather_facts(
+        source, shard_policy=shard_policy, reader=reader, count_examples=count_examples
+    )
+    return plan_from_facts(
+        facts,
+        shard_policy=shard_policy,
+        num_workers=workers,
+        per_replica_batch_size=per_replica,
+        replicas_per_worker=max(1, replicas // workers),
+        drop_remainder=drop_remainder,
+    )
+
+
+def build_distributed_dataset(
+    source: Any,
+    *,
+    strategy: Any = None,
+    global_batch_size: int | None = None,
+    per_replica_batch_size: int | None = None,
+    shard_policy: str = "auto",
+    map_fn: Callable[..., Any] | None = None,
+    reader: Callable[[Any], Any] | None = None,
+    shuffle_buffer_size: int | None = None,
+    seed: int | None = None,
+    repeat: bool | str = False,
+    cache: bool | str = False,
+    drop_remainder: bool = False,
+    prefetch: bool = True,
+    options: Any = None,
+    count_examples: bool = False,
+) -> Any:
+    """Build a distributed dataset in which every example is seen exactly once per epoch.
+
+    The source is sharded between workers by an explicit policy (see
+    :func:`plan_sharding`, logged once), shuffled with a seed shared by every worker when
+    sharding needs it, mapped with AUTOTUNE parallelism, batched per replica and prefetched.
+    With ``drop_remainder=False`` each epoch covers every example exactly once across all
+    replicas and every worker runs the same number of steps; replicas that run out first
+    receive empty batches in the last steps.
+
+    Args:
+        source: an unbatched ``tf.data.Dataset``; numpy arrays or a tuple/dict of them; a
+            file path, list of paths or glob (read with ``reader``); or a function
+            ``fn(input_context) -> tf.data.Dataset`` returning this worker's unbatched data.
+        strategy: the ``tf.distribute.Strategy`` that trains. Defaults to `None`
+            (``tf.distribute.get_strategy()``: the strategy in scope; outside any scope
+            TensorFlow's default strategy, with one replica. A warning is logged when
+            :func:`~tfdp_utils.auto_strategy` built a strategy with several replicas in this
+            process: pass it, or build inside ``with strategy.scope():``).
+        global_batch_size: examples per step over all replicas. Defaults to `None`.
+        per_replica_batch_size: examples per replica per step; pass exactly one of the two.
+            Defaults to `None`.
+        shard_policy: ``"auto"``, ``"file"``, ``"data"``, ``"hint"`` or ``"off"``.
+            Defaults to `"auto"`.
+        map_fn: applied to each example (after sharding, so each worker maps only its share,
+            unless ``cache`` is set, when mapped examples are cached). Defaults to `None`.
+        reader: ``path -> tf.data.Dataset`` for file sources. Defaults to `None`
+            (``tf.data.TFRecordDataset``).
+        shuffle_buffer_size: shuffle with this buffer; None does not shuffle. Defaults to
+            `None`.
+        seed: shuffle seed. With DATA sharding every worker must use the same one; None then
+            uses :data:`DEFAULT_SHUFFLE_SEED`. Defaults to `None`.
+        repeat: ``True`` repeats the examples without end, every step full (pass
+            ``steps_per_epoch`` to ``fit``). ``"epochs"`` repeats whole epochs: each worker's
+            epoch is padded with empty batches to the same number of steps, so with
+            ``fit(steps_per_epoch=dist.tfdp_info.steps_per_epoch)`` every epoch sees every
+            example exactly once (needs a known size and dense elements; otherwise it acts
+            as ``True``, logged). Defaults to `False`.
+        cache: cache in memory (True) or in files with this prefix. Defaults to `False`.
+        drop_remainder: drop the examples that do not fill a step on every replica; the
+            number dropped per epoch is logged. Defaults to `False`.
+        prefetch: prefetch with AUTOTUNE. Defaults to `True`.
+        options: a ``tf.data.Options`` merged into the pipeline's, or a
+            ``tf.distribute.InputOptions`` for the strategy. Defaults to `None`.
+        count_examples: for file sources, count the examples of every file before training
+            (each worker reads every file once more), so that files are balanced by examples
+            and ``tfdp_info`` has exact per-replica counts. Defaults to `False`.
+
+    Returns:
+        A ``tf.distribute.DistributedDataset`` (a ``tf.data.Dataset`` under the default
+        strategy) with attributes ``tfdp_info`` (a :class:`~tfdp_utils.DatasetInfo`) and
+        ``tfdp_plan`` (a :class:`ShardingPlan`). Iterating it records the info for the
+        throughput callbacks.
+
+    Raises:
+        ValueError: both or neither batch size; a global size not divisible by, or smaller
+            than, the replicas; an empty file list, a glob that matches nothing or a missing
+            file; an unknown policy; ``"file"`` on a source without files; an already-batched
+            dataset; a ``map_fn`` that cannot take the elements.
+        TypeError: an unsupported source or reader.
+
+    Examples:
+        >>> import numpy as np
+        >>> import tfdp_utils as tdu
+        >>> dist = tdu.build_distributed_dataset(np.arange(10), global_batch_size=4)
+        >>> dist.tfdp_info.steps_per_epoch
+        3
+    """
+    # Validate.
+    strategy = _strategy_or_default(strategy)
+    replicas = int(strategy.num_replicas_in_sync)
+    per_replica = _per_replica_size(global_batch_size, per_replica_batch_size, replicas, strategy)
+    check_policy(shard_policy)
+    position = position_of(strategy)
+    shape = StepShape(per_replica, replicas, position.num_workers)
+    if shuffle_buffer_size is not None:
+        shuffle_buffer_size = positive_int(shuffle_buffer_size, "shuffle_buffer_size")
+    data_options, input_options = _split_options(options)
+    read = reader or tf.data.TFRecordDataset
+    repeats = check_repeat(repeat)
+    # Gather facts and plan.
+    source, facts = _gather(
+        source, shard_policy=shard_policy, reader=read, count_examples=count_examples
+    )
+    plan = plan_from_facts(
+        facts,
+        shard_policy=shard_policy,
+        num_workers=shape.num_workers,
+        per_replica_batch_size=per_replica,
+        replicas_per_worker=shape.replicas_per_worker,
+        drop_remainder=drop_remainder,
+    )
+    element_spec = _element_spec(source, facts, plan, read, position.index)
+    if element_spec is not None:
+        _check_map_fn(map_fn, element_spec)
+    dense = None
+    if needs_element_check(
+        plan.examples_per_worker,
+        repeat=repeats,
+        replicas_per_worker=shape.replicas_per_worker,
+        drop_remainder=drop_remainder,
+    ):
+        dense = _mapped_dense(source, facts, element_spec, map_fn, read)
+    epochs = plan_epochs(
+        plan.examples_per_worker, shape, drop_remainder=drop_remainder, repeat=repeats, dense=dense
+    )
+    # Diagnose.
+    shuffling = shuffle_buffer_size is not None
+    diagnosis = BuildFacts(plan, facts, epochs, shape, shuffling, seed, repeats, drop_remainder)
+    for finding in diagnose(diagnosis):
+        logger.log(finding.level, "tfdp_utils: %s", finding.message)
+    # Build and attach.
+    recipe = Recipe(
+        plan=plan,
+        per_replica_batch_size=per_replica,
+        global_batch_size=shape.global_batch_size,
+        replicas_per_worker=shape.replicas_per_worker,
+        map_fn=map_fn,
+        reader=read,
+        shuffle_buffer_size=shuffle_buffer_size,
+        seed=shuffle_seed(plan, seed, shuffling=shuffling),
+        repeat=bool(repeats),
+        cache=cache,
+        drop_remainder=drop_remainder,
+        prefetch=prefetch,
+        data_options=data_options,
+        take_per_worker=epochs.take_per_worker,
+        epoch_batches=epochs.epoch_batches,
+        epoch_steps=epochs.epoch_steps,
+    )
+    dist = _distribute(strategy, recipe, source, input_options)
+    dataset_info.record_built()
+    info = dataset_info_for(epochs, shape, repeat=repeats, infinite=facts.infinite)
+    return attach(dist, info, plan)
+
+
+def _distribute(strategy: Any, recipe: Recipe, source: Any, input_options: Any) -> Any:
+    """The distributed dataset: tf.data's own autoshard for FILE/HINT on a Dataset."""
+    plan = recipe.plan
+    if plan.source_kind == "dataset" and plan.policy in ("file", "hint"):
+        return strategy.experimental_distribute_dataset(
+            global_dataset(recipe, source), options=input_options
+        )
+    return strategy.distribute_datasets_from_function(
+        lambda context: per_worker_dataset(recipe, source, context), options=input_options
+    )
+
+
+__all__ = ["build_distributed_dataset", "plan_sharding"]
