@@ -9,9 +9,10 @@ info (:mod:`~tfdp_utils.data.attach`).
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 from tfdp_utils import dataset_info
@@ -19,8 +20,9 @@ from tfdp_utils._tf import tf
 from tfdp_utils._validate import positive_int
 from tfdp_utils.batching import split_batch_size
 from tfdp_utils.data.attach import attach
-from tfdp_utils.data.diagnostics import BuildFacts, diagnose
+from tfdp_utils.data.diagnostics import BuildFacts, Finding, diagnose
 from tfdp_utils.data.epochs import (
+    Repeat,
     StepShape,
     check_repeat,
     dataset_info_for,
@@ -155,30 +157,52 @@ def _gather(
     return source, facts
 
 
-def _element_spec(
-    source: Any, facts: SourceFacts, plan: ShardingPlan, reader: Callable[[Any], Any], index: int
-) -> Any:
-    """The spec of one unbatched element as this worker reads it; None for a function."""
-    if facts.kind == "function":
-        return None
-    if facts.kind != "files":
-        return source.element_spec
-    own = plan.files_per_worker[index]
-    return reader_dataset(reader, own[0] if own else facts.files[0]).element_spec
+@dataclasses.dataclass(frozen=True)
+class _Elements:
+    """The source's elements as the pipeline reads them (arrays already a Dataset)."""
 
+    source: Any
+    facts: SourceFacts
+    reader: Callable[[Any], Any]
+    map_fn: Callable[..., Any] | None
 
-def _mapped_dense(
-    source: Any,
-    facts: SourceFacts,
-    element_spec: Any,
-    map_fn: Callable[..., Any] | None,
-    reader: Callable[[Any], Any],
-) -> bool:
-    """Whether the elements as batched (after ``map_fn``) are all dense tensors."""
-    if map_fn is None:
-        return dense_only(element_spec)
-    read = reader_dataset(reader, facts.files[0]) if facts.kind == "files" else source
-    return dense_only(read.map(map_fn).element_spec)
+    def spec(self, plan: ShardingPlan, index: int) -> Any:
+        """One unbatched element's spec as worker ``index`` reads it; None for a function."""
+        if self.facts.kind == "function":
+            return None
+        if self.facts.kind != "files":
+            return self.source.element_spec
+        own = plan.files_per_worker[index]
+        path = own[0] if own else self.facts.files[0]
+        return reader_dataset(self.reader, path).element_spec
+
+    def mapped_dense(self, element_spec: Any) -> bool:
+        """Whether the elements as batched (after ``map_fn``) are all dense tensors."""
+        if self.map_fn is None:
+            return dense_only(element_spec)
+        facts = self.facts
+        read = reader_dataset(self.reader, facts.files[0]) if facts.kind == "files" else self.source
+        return dense_only(read.map(self.map_fn).element_spec)
+
+    def check(
+        self, plan: ShardingPlan, index: int, repeat: Repeat, drop_remainder: bool, shape: StepShape
+    ) -> bool | None:
+        """Check ``map_fn`` against the elements; say whether they batch dense, if it matters.
+
+        Returns:
+            Whether the mapped elements are all dense, or None when the epoch plan does not
+            depend on it (see :func:`~tfdp_utils.data.epochs.needs_element_check`).
+        """
+        element_spec = self.spec(plan, index)
+        if element_spec is not None:
+            _check_map_fn(self.map_fn, element_spec)
+        needed = needs_element_check(
+            plan.examples_per_worker,
+            repeat=repeat,
+            replicas_per_worker=shape.replicas_per_worker,
+            drop_remainder=drop_remainder,
+        )
+        return self.mapped_dense(element_spec) if needed else None
 
 
 # -------------------------------------------------------------------------- the builders
@@ -364,31 +388,29 @@ def build_distributed_dataset(
         replicas_per_worker=shape.replicas_per_worker,
         drop_remainder=drop_remainder,
     )
-    element_spec = _element_spec(source, facts, plan, read, position.index)
-    if element_spec is not None:
-        _check_map_fn(map_fn, element_spec)
-    dense = None
-    if needs_element_check(
-        plan.examples_per_worker,
-        repeat=repeats,
-        replicas_per_worker=shape.replicas_per_worker,
-        drop_remainder=drop_remainder,
-    ):
-        dense = _mapped_dense(source, facts, element_spec, map_fn, read)
+    elements = _Elements(source, facts, read, map_fn)
+    dense = elements.check(plan, position.index, repeats, drop_remainder, shape)
     epochs = plan_epochs(
         plan.examples_per_worker, shape, drop_remainder=drop_remainder, repeat=repeats, dense=dense
     )
     # Diagnose.
     shuffling = shuffle_buffer_size is not None
-    diagnosis = BuildFacts(plan, facts, epochs, shape, shuffling, seed, repeats, drop_remainder)
-    for finding in diagnose(diagnosis):
-        logger.log(finding.level, "tfdp_utils: %s", finding.message)
+    diagnosis = BuildFacts(
+        plan,
+        facts,
+        epochs,
+        shape,
+        shuffling=shuffling,
+        seed=seed,
+        repeat=repeats,
+        drop_remainder=drop_remainder,
+    )
+    _log(diagnose(diagnosis))
     # Build and attach.
     recipe = Recipe(
-        plan=plan,
-        per_replica_batch_size=per_replica,
-        global_batch_size=shape.global_batch_size,
-        replicas_per_worker=shape.replicas_per_worker,
+        plan,
+        shape,
+        epochs,
         map_fn=map_fn,
         reader=read,
         shuffle_buffer_size=shuffle_buffer_size,
@@ -398,14 +420,17 @@ def build_distributed_dataset(
         drop_remainder=drop_remainder,
         prefetch=prefetch,
         data_options=data_options,
-        take_per_worker=epochs.take_per_worker,
-        epoch_batches=epochs.epoch_batches,
-        epoch_steps=epochs.epoch_steps,
     )
     dist = _distribute(strategy, recipe, source, input_options)
     dataset_info.record_built()
-    info = dataset_info_for(epochs, shape, repeat=repeats, infinite=facts.infinite)
-    return attach(dist, info, plan)
+    return attach(
+        dist, dataset_info_for(epochs, shape, repeat=repeats, infinite=facts.infinite), plan
+    )
+
+
+def _log(findings: Sequence[Finding]) -> None:
+    for finding in findings:
+        logger.log(finding.level, "tfdp_utils: %s", finding.message)
 
 
 def _distribute(strategy: Any, recipe: Recipe, source: Any, input_options: Any) -> Any:

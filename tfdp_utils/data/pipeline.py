@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tfdp_utils._tf import tf
-from tfdp_utils.data.epochs import splits_last_step
+from tfdp_utils.data.epochs import EpochPlan, StepShape, splits_last_step
 from tfdp_utils.data.sharding import MAX_PARALLEL_FILES, ShardingPlan
 from tfdp_utils.data.sources import check_unbatched, dense_only, is_dataset
 
@@ -26,9 +26,8 @@ class Recipe:
 
     Attributes:
         plan: the sharding plan.
-        per_replica_batch_size: examples per replica in a full step.
-        global_batch_size: examples per step over all replicas.
-        replicas_per_worker: replicas each worker feeds.
+        shape: batch size and replicas.
+        epochs: how each worker batches, trims and repeats its share.
         map_fn: applied to each example, or None.
         reader: ``path -> tf.data.Dataset`` for file sources.
         shuffle_buffer_size: shuffle buffer, or None for no shuffle.
@@ -38,29 +37,25 @@ class Recipe:
         drop_remainder: drop what does not fill a step.
         prefetch: prefetch with AUTOTUNE.
         data_options: a ``tf.data.Options`` merged into the pipeline's, or None.
-        take_per_worker: examples each worker keeps, or None for all.
-        epoch_batches: batches each worker holds per epoch, when known; with ``repeat``,
-            each epoch is padded with empty batches to ``epoch_steps`` steps on every
-            worker, so epochs stay exact.
-        epoch_steps: steps of each padded epoch.
     """
 
     plan: ShardingPlan
-    per_replica_batch_size: int
-    global_batch_size: int
-    replicas_per_worker: int
-    map_fn: Any
-    reader: Any
-    shuffle_buffer_size: int | None
-    seed: int | None
-    repeat: bool
-    cache: bool | str
-    drop_remainder: bool
-    prefetch: bool
-    data_options: Any
-    take_per_worker: int | None
-    epoch_batches: tuple[int, ...] | None = None
-    epoch_steps: int | None = None
+    shape: StepShape
+    epochs: EpochPlan
+    map_fn: Any = None
+    reader: Any = None
+    shuffle_buffer_size: int | None = None
+    seed: int | None = None
+    repeat: bool = False
+    cache: bool | str = False
+    drop_remainder: bool = False
+    prefetch: bool = True
+    data_options: Any = None
+
+    @property
+    def replicas_per_worker(self) -> int:
+        """Replicas each worker feeds."""
+        return self.shape.replicas_per_worker
 
     @property
     def keeps_order(self) -> bool:
@@ -70,7 +65,7 @@ class Recipe:
     @property
     def aligned(self) -> bool:
         """Whether whole epochs repeat, each padded to the same steps on every worker."""
-        return self.repeat and self.epoch_batches is not None
+        return self.repeat and self.epochs.epoch_batches is not None
 
     @property
     def maps_before_cache(self) -> bool:
@@ -151,8 +146,8 @@ def shard_and_map(recipe: Recipe, dataset: Any, workers: int, index: int) -> Any
             num_parallel_calls=tf.data.AUTOTUNE,
             deterministic=recipe.keeps_order or None,
         )
-    if recipe.take_per_worker is not None and (recipe.aligned or not recipe.repeat):
-        dataset = dataset.take(recipe.take_per_worker)
+    if recipe.epochs.take_per_worker is not None and (recipe.aligned or not recipe.repeat):
+        dataset = dataset.take(recipe.epochs.take_per_worker)
     return dataset
 
 
@@ -161,14 +156,14 @@ def batch(recipe: Recipe, dataset: Any, index: int, *, split: bool) -> Any:
     local = recipe.replicas_per_worker
     # With the split, batch whole steps of the worker (all its replicas) first; each step is
     # cut into one batch per replica afterwards, the last one as evenly as possible.
-    batch_size = recipe.per_replica_batch_size * (local if split else 1)
+    batch_size = recipe.shape.per_replica_batch_size * (local if split else 1)
     dataset = dataset.batch(batch_size, drop_remainder=recipe.drop_remainder)
     if not recipe.aligned:
         return dataset
-    assert recipe.epoch_batches is not None and recipe.epoch_steps is not None
+    batches, steps = recipe.epochs.epoch_batches, recipe.epochs.epoch_steps
+    assert batches is not None and steps is not None  # aligned
     # Pad in the unit batched above: whole steps with the split, replica batches without.
-    held = recipe.epoch_batches[index]
-    steps = recipe.epoch_steps
+    held = batches[index]
     pad = steps - held // local if split else steps * local - held
     if pad > 0:
         empty = tf.data.Dataset.from_tensors(empty_batch(dataset.element_spec))
@@ -253,7 +248,7 @@ def global_dataset(recipe: Recipe, source: Any) -> Any:
         dataset = dataset.repeat()
     if recipe.map_fn is not None and not recipe.cache:
         dataset = dataset.map(recipe.map_fn, num_parallel_calls=autotune)
-    dataset = dataset.batch(recipe.global_batch_size, drop_remainder=recipe.drop_remainder)
+    dataset = dataset.batch(recipe.shape.global_batch_size, drop_remainder=recipe.drop_remainder)
     policy = tf.data.experimental.AutoShardPolicy
     shard = policy.FILE if recipe.plan.policy == "file" else policy.HINT
     return _with_options(recipe, dataset, shard, deterministic=False)
