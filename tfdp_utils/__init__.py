@@ -30,6 +30,11 @@ if TYPE_CHECKING:
     from tfdp_utils.data import ShardingPlan, build_distributed_dataset, plan_sharding
     from tfdp_utils.dataset_info import DatasetInfo
     from tfdp_utils.environment import Environment, detect_environment
+    from tfdp_utils.equivalence import (
+        EquivalenceReport,
+        ReplicaDivergenceError,
+        check_replica_equivalence,
+    )
     from tfdp_utils.faults import worker_backup_dir
     from tfdp_utils.schedules import WarmupSchedule
     from tfdp_utils.strategy import StrategyChoice, TPUProbeError, auto_strategy, choose_strategy
@@ -46,7 +51,9 @@ _HOMES: dict[str, str] = {
     "ClusterTimeoutError": "tfdp_utils.cluster",
     "DatasetInfo": "tfdp_utils.dataset_info",
     "Environment": "tfdp_utils.environment",
+    "EquivalenceReport": "tfdp_utils.equivalence",
     "GlobalBatchPlan": "tfdp_utils.batching",
+    "ReplicaDivergenceError": "tfdp_utils.equivalence",
     "ShardingPlan": "tfdp_utils.data",
     "StrategyChoice": "tfdp_utils.strategy",
     "TPUProbeError": "tfdp_utils.strategy",
@@ -54,6 +61,7 @@ _HOMES: dict[str, str] = {
     "WarmupSchedule": "tfdp_utils.schedules",
     "auto_strategy": "tfdp_utils.strategy",
     "build_distributed_dataset": "tfdp_utils.data",
+    "check_replica_equivalence": "tfdp_utils.equivalence",
     "choose_strategy": "tfdp_utils.strategy",
     "cluster_task_type": "tfdp_utils.cluster",
     "detect_environment": "tfdp_utils.environment",
@@ -101,7 +109,9 @@ __all__ = [
     "ClusterTimeoutError",
     "DatasetInfo",
     "Environment",
+    "EquivalenceReport",
     "GlobalBatchPlan",
+    "ReplicaDivergenceError",
     "ShardingPlan",
     "StrategyChoice",
     "TPUProbeError",
@@ -111,6 +121,7 @@ __all__ = [
     "auto_strategy",
     "build_distributed_dataset",
     "callbacks",
+    "check_replica_equivalence",
     "choose_strategy",
     "cluster_task_type",
     "compat",
