@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
-import textwrap
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
-from conftest import REPO, free_port
+from conftest import free_port, result_line, start_python, tf_config, wait_all
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from tfdp_utils._tf import IS_KERAS3
 
 pytestmark = [pytest.mark.slow, pytest.mark.keras]
 
@@ -45,49 +46,24 @@ print("SUMMARY " + json.dumps({"pid": os.getpid(), **logger.summary()}), flush=T
 """
 
 
+# Each pass of scripts/test runs its own flavour: Keras 3 (with tfdp_utils.compat's keras#20585
+# workaround) in the first, tf_keras in the TF_USE_LEGACY_KERAS=1 pass.
+FLAVOUR = "keras3_with_compat" if IS_KERAS3 else "tf_keras"
+
+
 def run_workers(log_dir: Path, flavour: str, timeout: float = 240) -> list[dict[str, Any]]:
     ports = [free_port(), free_port()]
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
-    procs = []
-    for index in range(2):
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-        env.update(
-            TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}}),
-            TF_CPP_MIN_LOG_LEVEL="2",
-        )
-        if flavour == "tf_keras":
-            env["TF_USE_LEGACY_KERAS"] = "1"
-        else:
-            # keras#20585: Keras 3 fit under MWMS needs tfdp_utils.compat's workaround.
-            env.pop("TF_USE_LEGACY_KERAS", None)
-            env["APPLY_COMPAT"] = "1"
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-c", textwrap.dedent(WORKER), str(log_dir)],
-                env=env,
-                cwd=str(REPO),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
-    deadline = time.monotonic() + timeout
-    outputs = []
-    try:
-        for proc in procs:
-            out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            outputs.append(out)
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    summaries = []
-    for proc, out in zip(procs, outputs, strict=True):
-        assert proc.returncode == 0, out[-4000:]
-        line = next(x for x in out.splitlines() if x.startswith("SUMMARY "))
-        summaries.append(json.loads(line[len("SUMMARY ") :]))
-    return summaries
+    env: dict[str, str | None] = {"TF_CPP_MIN_LOG_LEVEL": "2"}
+    if flavour == "tf_keras":
+        env["TF_USE_LEGACY_KERAS"] = "1"
+    else:
+        # keras#20585: Keras 3 fit under MWMS needs tfdp_utils.compat's workaround.
+        env.update(TF_USE_LEGACY_KERAS=None, APPLY_COMPAT="1")
+    processes = [
+        start_python(WORKER, args=[str(log_dir)], env={**env, "TF_CONFIG": tf_config(ports, index)})
+        for index in range(2)
+    ]
+    return [result_line(outcome, "SUMMARY") for outcome in wait_all(processes, timeout=timeout)]
 
 
 def event_pids(run_dir: Path) -> set[int]:
@@ -101,7 +77,7 @@ def event_pids(run_dir: Path) -> set[int]:
     return pids
 
 
-@pytest.mark.parametrize("flavour", ["tf_keras", "keras3_with_compat"])
+@pytest.mark.parametrize("flavour", [FLAVOUR])
 def test_two_workers_chief_writes_global_each_worker_its_own_runs(
     tmp_path: Path, flavour: str
 ) -> None:
@@ -146,32 +122,17 @@ def _get(url: str) -> Any:
 
 
 def test_a_real_tensorboard_lists_the_runs_and_serves_the_tags(tmp_path: Path) -> None:
-    code = f"""
-    import numpy as np
-    import tensorflow as tf
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(
-        cpu, [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()]
-    )
-    from tfdp_utils._tf import keras
+    # Write the logs in this process, over 2 of its logical CPUs.
+    from tfdp_utils._tf import keras, tf
     from tfdp_utils.callbacks import ThroughputLogger
+
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     x = np.zeros((640, 4), "float32")
     with strategy.scope():
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
         model.compile(optimizer="sgd", loss="mse")
-    logger = ThroughputLogger({str(tmp_path)!r}, global_batch_size=8, log_every_n_steps=10)
+    logger = ThroughputLogger(str(tmp_path), global_batch_size=8, log_every_n_steps=10)
     model.fit(x, x[:, :1], batch_size=8, epochs=1, verbose=0, callbacks=[logger])
-    """
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        cwd=str(REPO),
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
     port = free_port()
     server = subprocess.Popen(
         [

@@ -8,16 +8,11 @@ One launch per cluster size runs every case, because each process pays the Tenso
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, free_port, start_python, tf_config, wait_all
+from conftest import free_port, result_line, start_python, tf_config, wait_all
 
 from tfdp_utils._tf import IS_KERAS3
 
@@ -193,49 +188,22 @@ def _launch(
     _write_files(tmp_path, cases)
     for case in cases.values():
         case.setdefault("expected", list(range(case.get("n", 0))))
-    addresses = [f"127.0.0.1:{free_port()}" for _ in range(num_workers)]
+    ports = [free_port() for _ in range(num_workers)]
+    addresses = [f"127.0.0.1:{p}" for p in ports]
     spec = {
         "workers": addresses,
         "global_batch": GLOBAL_BATCH_PER_WORKER * num_workers,
         "cases": {k: {"n": v.get("n")} for k, v in cases.items()},
     }
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    procs = []
-    logs = [(tmp_path / f"worker-{i}.out").open("w") for i in range(num_workers)]
-    for index in range(num_workers):
-        tf_config = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-c", textwrap.dedent(WORKER), str(tmp_path), json.dumps(spec)],
-                env={**env, "TF_CONFIG": json.dumps(tf_config)},
-                # Files, not pipes: a full pipe would block a worker while we poll.
-                stdout=logs[index],
-                stderr=subprocess.STDOUT,
-                cwd=str(REPO),
-            )
+    processes = [
+        start_python(
+            WORKER,
+            args=[str(tmp_path), json.dumps(spec)],
+            env={"TF_CONFIG": tf_config(ports, index)},
         )
-    deadline = time.monotonic() + 420
-    try:
-        # Poll all workers: if one fails, the others would wait on it in a collective.
-        while any(p.poll() is None for p in procs):
-            if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p in procs):
-                break
-            time.sleep(0.2)
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-        for proc, log in zip(procs, logs, strict=True):
-            proc.wait()
-            log.close()
-    outputs = [(tmp_path / f"worker-{i}.out").read_text() for i in range(num_workers)]
-    results = []
-    for index, (proc, output) in enumerate(zip(procs, outputs, strict=True)):
-        lines = [line for line in output.splitlines() if line.startswith("RESULT ")]
-        assert proc.returncode == 0 and lines, (
-            f"worker {index} exited with {proc.returncode}:\n{output[-8000:]}"
-        )
-        results.append(json.loads(lines[-1][len("RESULT ") :]))
+        for index in range(num_workers)
+    ]
+    results = [result_line(outcome) for outcome in wait_all(processes, timeout=420)]
     return cases, results
 
 
@@ -407,11 +375,7 @@ def test_fit_and_evaluate_without_steps_over_two_workers(tmp_path: Path) -> None
         )
         for index in range(2)
     ]
-    reports = []
-    for rc, out, err in wait_all(processes, timeout=420):
-        lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
-        assert rc == 0 and lines, f"worker failed (rc={rc}):\n{out[-3000:]}\n{err[-6000:]}"
-        reports.append(json.loads(lines[-1][len("RESULT ") :]))
+    reports = [result_line(outcome) for outcome in wait_all(processes, timeout=420)]
     for report in reports:
         assert report["keras3"] == IS_KERAS3
         for name, policy in (("arrays", "data"), ("files_uneven", "file")):

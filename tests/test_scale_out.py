@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import socket
-import subprocess
 import time
 
 import pytest
-from conftest import free_port, start_python, wait_all
+from conftest import Outcome, Process, free_port, start_python, wait_all
 
 pytestmark = [pytest.mark.slow, pytest.mark.keras]
 
@@ -115,34 +113,34 @@ def _workers(n: int, **env: str) -> list[dict[str, str]]:
     return [{"TF_CONFIG": _tf_config(cluster, "worker", i), **env} for i in range(n)]
 
 
-def _kill_when_all_print(
-    processes: list[subprocess.Popen[str]], marker: str, *, timeout: float
-) -> list[tuple[int, str, str]]:
+def _kill_when_all_print(processes: list[Process], marker: str, *, timeout: float) -> list[Outcome]:
     """SIGKILL every process once each has printed a line starting with ``marker``.
 
     Returns what :func:`wait_all` returns. Raises TimeoutError (after killing them all) when
     the deadline passes first, and AssertionError when a process ends without the line.
     """
     deadline = time.monotonic() + timeout
-    seen: list[str] = []
     try:
-        for process in processes:
-            assert process.stdout is not None
-            while True:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"not every process printed {marker!r} in {timeout} s")
-                ready, _, _ = select.select([process.stdout], [], [], 1.0)
-                if not ready:
-                    continue
-                line = process.stdout.readline()
-                seen.append(line)
-                if line.startswith(marker):
-                    break
-                assert line, f"pid {process.pid} ended before printing {marker!r}: {seen}"
+        waiting = list(processes)
+        while waiting:
+            for process in list(waiting):
+                lines = process.stdout().splitlines()
+                if any(line.startswith(marker) for line in lines):
+                    waiting.remove(process)
+                elif process.poll() is not None:
+                    raise AssertionError(
+                        f"pid {process.pid} ended before printing {marker!r}:\n{process.tail()}"
+                    )
+            if waiting and time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"not every process printed {marker!r} in {timeout} s:\n"
+                    + "\n".join(process.tail() for process in processes)
+                )
+            time.sleep(0.1)
     finally:
         for process in processes:
             process.kill()
-    return wait_all(processes, timeout=30)
+    return wait_all(processes, timeout=30, check=False)
 
 
 def _assert_same_training(results: list[tuple[int, str, str]], steps: int) -> list[dict]:
@@ -206,7 +204,7 @@ def test_killed_worker_ends_the_survivor_with_an_error_within_the_bound():
     bound = 20.0
     envs = _workers(2, MODE="die", VICTIM="1", AT="3", CT=str(bound), EPOCHS="1", STEPS="1000")
     processes = [start_python(TRAIN, env=env) for env in envs]
-    results = wait_all(processes, timeout=150)
+    results = wait_all(processes, timeout=150, check=False)
     (rc0, out0, err0), (rc1, out1, _) = results
     assert rc1 == -signal.SIGKILL
     died = _stamp(out1, "DIE")
@@ -223,10 +221,10 @@ def test_hung_worker_ends_the_survivor_with_the_collective_timeout_error():
     envs = _workers(2, MODE="hang", VICTIM="1", AT="3", CT=str(bound), EPOCHS="1", STEPS="1000")
     processes = [start_python(TRAIN, env=env) for env in envs]
     try:
-        [(rc0, out0, err0)] = wait_all(processes[:1], timeout=150)
+        [(rc0, out0, err0)] = wait_all(processes[:1], timeout=150, check=False)
     finally:
-        processes[1].kill()
-        victim_out, _ = processes[1].communicate(timeout=30)
+        victim_out = processes[1].stdout()
+        processes[1].close()
     hung = _stamp(victim_out, "HANG")
     assert rc0 == 3, err0[-3000:]
     failure = _line(out0, "FAILED")
@@ -317,7 +315,7 @@ def test_parameter_server_cluster_trains_on_tf_keras_and_is_refused_clearly_on_k
     }
     chief = {"TF_CONFIG": _tf_config(cluster, "chief", 0)}
     if IS_KERAS3:
-        [(rc, out, err)] = wait_all([start_python(PS_SCRIPT, env=chief)], timeout=60)
+        [(rc, out, err)] = wait_all([start_python(PS_SCRIPT, env=chief)], timeout=60, check=False)
         assert rc == 4, err[-3000:]
         message = _line(out, "REFUSED")["message"]
         assert "cannot train with ParameterServerStrategy" in message
@@ -331,8 +329,7 @@ def test_parameter_server_cluster_trains_on_tf_keras_and_is_refused_clearly_on_k
         [(rc, out, err)] = wait_all([start_python(PS_SCRIPT, env=chief)], timeout=150)
     finally:
         for server in servers:
-            server.kill()
-            server.communicate(timeout=30)
+            server.close()
     assert rc == 0, err[-3000:]
     result = _line(out, "RESULT")
     assert result["class"] == "ParameterServerStrategyV2"
