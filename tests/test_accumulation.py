@@ -214,3 +214,50 @@ def test_jit_compile_auto_is_off_on_cpus(strategy):
 
     assert resolve_jit_compile("auto", strategy) is False
     assert resolve_jit_compile(True, strategy) is True
+
+
+# --- fit: Keras 3 gradient_accumulation_steps (keras#20582 worked around), tf_keras mixin ----
+
+
+def _fit_run(strategy, initial_weights, num_examples):
+    from tfdp_utils import compat
+
+    compat.apply_for_strategy(strategy)  # keras#20582 on Keras 3; nothing on tf_keras
+    x, y = _data(num_examples)
+    with strategy.scope():
+        model = _model()
+        model.set_weights(initial_weights)
+        if tdu.IS_KERAS3:
+            optimizer = keras.optimizers.SGD(0.2, momentum=0.9, gradient_accumulation_steps=2)
+        else:
+            optimizer = _optimizer()
+        model.compile(
+            optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        )
+    if not tdu.IS_KERAS3:
+        tdu.enable_gradient_accumulation(model, ACCUMULATION)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(MICRO_BATCH)
+    history = model.fit(dataset, epochs=1, verbose=0, shuffle=False)
+    return model, history
+
+
+def test_fit_accumulates_to_the_one_device_weights(strategy, initial_weights):
+    reference, updates = _reference(initial_weights, FULL)
+    model, history = _fit_run(strategy, initial_weights, FULL)
+    assert np.isfinite(history.history["loss"][0])
+    assert int(model.optimizer.iterations.numpy()) == updates == UPDATES
+    assert _max_difference(model.get_weights(), reference) <= TOLERANCE
+    assert _max_difference(model.get_weights(), initial_weights) > 1e-2
+
+
+def test_enable_gradient_accumulation_is_for_tf_keras(strategy):
+    with strategy.scope():
+        model = _model()
+    if tdu.IS_KERAS3:
+        with pytest.raises(RuntimeError, match="gradient_accumulation_steps=3"):
+            tdu.enable_gradient_accumulation(model, 3)
+        return
+    with pytest.raises(ValueError, match="accumulation_steps must be"):
+        tdu.enable_gradient_accumulation(model, 0)
+    with pytest.raises(ValueError, match="is not built"):
+        tdu.enable_gradient_accumulation(keras.Sequential([keras.layers.Dense(2)]), 2)

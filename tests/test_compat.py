@@ -20,10 +20,10 @@ import pytest
 import tfdp_utils as tdu
 from tfdp_utils import compat
 from tfdp_utils._tf import IS_KERAS3, keras, tf
-from tfdp_utils.compat import keras_19246, keras_20585, tf_72388
+from tfdp_utils.compat import keras_19246, keras_20582, keras_20585, tf_72388
 from tfdp_utils.compat._base import keras3_trainer_module
 
-ISSUES = ("keras#20585", "tensorflow#72388", "keras#19246")
+ISSUES = ("keras#20585", "tensorflow#72388", "keras#19246", "keras#20582")
 
 
 @pytest.fixture(autouse=True)
@@ -157,8 +157,8 @@ def test_bad_arguments_say_what_exists() -> None:
 
 @pytest.mark.keras
 def test_needed_for(two_cpus: Any) -> None:
-    assert compat.needed_for(two_cpus) == ("keras#19246",)
-    assert compat.needed_for(tf.distribute.MirroredStrategy(["/cpu:0"])) == ()
+    assert compat.needed_for(two_cpus) == ("keras#19246", "keras#20582")
+    assert compat.needed_for(tf.distribute.MirroredStrategy(["/cpu:0"])) == ("keras#20582",)
     assert compat.needed_for(tf.distribute.OneDeviceStrategy("/cpu:0")) == ()
     assert compat.needed_for(tf.distribute.get_strategy()) == ()
 
@@ -172,7 +172,7 @@ def _patched_attributes() -> dict[str, Any]:
     owners: list[Any] = list(keras.Model.__mro__)
     trainer = keras3_trainer_module()
     if trainer is not None:
-        owners.append(trainer)
+        owners += [trainer, keras_20582.tf_optimizer_class(trainer)]
     for owner in owners:
         for name, value in vars(owner).items():
             if getattr(value, "_tfdp_workaround", None):
@@ -233,15 +233,20 @@ def test_only_keras3_tensorflow_trainer_is_patched(fresh: None) -> None:
     trainer = keras3_trainer_module()
     assert trainer is not None
     for patch in (p for _, entries in compat._APPLIED.values() for p in entries):
-        assert patch.owner in (trainer, trainer.TensorFlowTrainer)
+        assert patch.owner in (
+            trainer,
+            trainer.TensorFlowTrainer,
+            keras_20582.tf_optimizer_class(trainer),
+        )
 
 
 @pytest.mark.keras
 def test_auto_strategy_applies_what_its_strategy_needs(fresh: None) -> None:
     strategy = tdu.auto_strategy("mirrored", devices=["/cpu:0", "/cpu:1"])
     present = {s.issue for s in compat.status() if s.bug_present}
-    # MirroredStrategy needs keras#19246 only; the multi-worker fixes stay out.
-    assert compat.applied() == (("keras#19246",) if "keras#19246" in present else ())
+    # MirroredStrategy needs keras#19246 and keras#20582; the multi-worker fixes stay out.
+    wanted = ("keras#19246", "keras#20582")
+    assert compat.applied() == tuple(issue for issue in wanted if issue in present)
     assert strategy.num_replicas_in_sync == 2
 
 
@@ -339,3 +344,67 @@ def test_guard_fails_before_the_first_step(fresh: None, two_cpus: Any) -> None:
     finally:
         for patch in reversed(patches):
             patch.undo()
+
+
+# ------------------------------------------------- keras#20582: gradient_accumulation_steps
+
+UPSTREAM_APPLY = """
+def _backend_apply_gradients(self, grads, trainable_variables):
+    if self.gradient_accumulation_steps:
+        is_update_step = (self._iterations + 1) % self.gradient_accumulation_steps == 0
+
+        def _update_step_fn(grads, trainable_variables):
+            self._backend_update_step(grads, trainable_variables, self.learning_rate)
+
+        ops.cond(
+            is_update_step,
+            lambda: _update_step_fn(grads, trainable_variables),
+            lambda: self._backend_increment_gradient_accumulators(grads, acc_grads),
+        )
+"""
+
+
+def test_20582_probe_reads_the_construct() -> None:
+    assert keras_20582.sync_inside_replica_cond(UPSTREAM_APPLY) is True
+    # The workaround's cond sits in the function given to merge_call (cross-replica).
+    fixed = inspect.getsource(keras_20582._accumulate_or_update)
+    assert keras_20582.sync_inside_replica_cond(fixed) is False
+    gone = types.SimpleNamespace(__name__="keras.src.backend.tensorflow.trainer")
+    assert keras_20582.probe(gone) is False  # no TFOptimizer method: nothing to work around
+
+
+def _fit_with_accumulation(strategy: Any) -> Any:
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(64, 3)).astype("float32")
+    y = x.sum(axis=1, keepdims=True)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile(
+            optimizer=keras.optimizers.SGD(0.01, gradient_accumulation_steps=2), loss="mse"
+        )
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False)
+    return model
+
+
+@pytest.mark.keras
+@pytest.mark.skipif(not IS_KERAS3, reason="tf_keras optimizers have no gradient accumulation")
+def test_20582_upstream_failure_without_the_workaround(fresh: None, two_cpus: Any) -> None:
+    assert compat.applied() == ()
+    assert {s.issue: s.bug_present for s in compat.status()}["keras#20582"] is True
+    with pytest.raises(RuntimeError, match="merge_call` called while defining a new graph"):
+        _fit_with_accumulation(two_cpus)
+
+
+@pytest.mark.keras
+@pytest.mark.skipif(not IS_KERAS3, reason="tf_keras optimizers have no gradient accumulation")
+def test_20582_workaround_trains_with_accumulation(fresh: None, two_cpus: Any) -> None:
+    assert "keras#20582" in compat.apply_for_strategy(two_cpus)
+    model = _fit_with_accumulation(two_cpus)
+    # 4 micro-steps of 16 examples, 2 per update: 2 updates.
+    assert int(model.optimizer._iterations.numpy()) == 4
+    assert int(model.optimizer.iterations.numpy()) == 2
+    compat._undo("keras#20582")
+    assert not any(
+        getattr(value, "_tfdp_workaround", None) == "keras#20582"
+        for value in vars(keras_20582.tf_optimizer_class(keras3_trainer_module())).values()
+    )

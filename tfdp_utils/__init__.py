@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from tfdp_utils import callbacks, compat
     from tfdp_utils._tf import IS_KERAS3, KERAS_FLAVOUR
+    from tfdp_utils.accumulation import enable_gradient_accumulation
     from tfdp_utils.batching import (
         GlobalBatchPlan,
         global_batch_size,
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     from tfdp_utils.schedules import WarmupSchedule
     from tfdp_utils.strategy import StrategyChoice, TPUProbeError, auto_strategy, choose_strategy
     from tfdp_utils.throughput import ThroughputMeter
-    from tfdp_utils.training import make_distributed_train_step
+    from tfdp_utils.training import DistributedTrainStep, make_distributed_train_step
 
 # Public name -> the module that defines it. Importing tfdp_utils imports no TensorFlow; a
 # name loads its module on first use, so the pure modules (cluster, throughput, ...) and the
@@ -50,6 +51,7 @@ _HOMES: dict[str, str] = {
     "ClusterConfig": "tfdp_utils.cluster",
     "ClusterTimeoutError": "tfdp_utils.cluster",
     "DatasetInfo": "tfdp_utils.dataset_info",
+    "DistributedTrainStep": "tfdp_utils.training",
     "Environment": "tfdp_utils.environment",
     "EquivalenceReport": "tfdp_utils.equivalence",
     "GlobalBatchPlan": "tfdp_utils.batching",
@@ -65,6 +67,7 @@ _HOMES: dict[str, str] = {
     "choose_strategy": "tfdp_utils.strategy",
     "cluster_task_type": "tfdp_utils.cluster",
     "detect_environment": "tfdp_utils.environment",
+    "enable_gradient_accumulation": "tfdp_utils.accumulation",
     "global_batch_size": "tfdp_utils.batching",
     "make_distributed_train_step": "tfdp_utils.training",
     "num_replicas_in_sync": "tfdp_utils.batching",
@@ -108,6 +111,7 @@ __all__ = [
     "ClusterConfig",
     "ClusterTimeoutError",
     "DatasetInfo",
+    "DistributedTrainStep",
     "Environment",
     "EquivalenceReport",
     "GlobalBatchPlan",
@@ -126,6 +130,7 @@ __all__ = [
     "cluster_task_type",
     "compat",
     "detect_environment",
+    "enable_gradient_accumulation",
     "global_batch_size",
     "make_distributed_train_step",
     "num_replicas_in_sync",

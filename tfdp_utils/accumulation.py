@@ -10,10 +10,13 @@ over the *global* batch of the whole update, exact for a partial last micro-batc
 
 from __future__ import annotations
 
+import types
 from collections.abc import Sequence
 from typing import Any
 
-from tfdp_utils._tf import tf
+from tfdp_utils import mixed_precision
+from tfdp_utils._tf import IS_KERAS3, keras, tf
+from tfdp_utils._validate import positive_int
 
 
 class GradientAccumulator:
@@ -63,4 +66,99 @@ class GradientAccumulator:
         self.examples.assign(tf.constant(0.0, tf.float64))
 
 
-__all__ = ["GradientAccumulator"]
+def in_cross_replica_cond(predicate: Any, branch: Any) -> None:
+    """Run ``branch()`` on every replica where ``predicate()`` holds, from a replica context.
+
+    ``predicate`` is evaluated in the cross-replica context. MirroredStrategy and
+    MultiWorkerMirroredStrategy forbid a ``tf.cond`` in the replica context whose branch
+    synchronises (``apply_gradients`` all-reduces in a ``merge_call``); in the cross-replica
+    context it is allowed, as in Keras' ``LossScaleOptimizer`` (keras#20582).
+    """
+
+    def cross_replica(distribution: Any) -> None:
+        tf.cond(
+            predicate(),
+            lambda: distribution.extended.call_for_each_replica(branch),
+            lambda: None,
+        )
+
+    tf.distribute.get_replica_context().merge_call(cross_replica)
+
+
+def _accumulating_train_step(model: Any, data: Any) -> Any:
+    """tf_keras ``train_step`` that applies the mean gradient of every k micro-batches."""
+    state: _FitState = model._tfdp_accumulation
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+    with tf.GradientTape() as tape:
+        y_pred = model(x, training=True)
+        loss = model.compute_loss(x, y, y_pred, sample_weight)
+        scaled = mixed_precision.scale_loss(model.optimizer, loss)
+    gradients = tape.gradient(scaled, model.trainable_variables)
+    state.accumulator.add(gradients, 1)
+
+    def apply() -> None:
+        sums, _ = state.accumulator.read()
+        mean = [total / state.steps for total in sums]
+        mean = mixed_precision.gradients_to_apply(model.optimizer, mean)
+        model.optimizer.apply_gradients(zip(mean, model.trainable_variables, strict=True))
+        state.accumulator.reset()
+
+    # The count is the same on every replica; the first replica's copy decides.
+    in_cross_replica_cond(lambda: state.accumulator.examples.read_value() >= state.steps, apply)
+    return model.compute_metrics(x, y, y_pred, sample_weight)
+
+
+class _FitState:
+    def __init__(self, model: Any, steps: int) -> None:
+        self.steps = steps
+        with model.distribute_strategy.scope():
+            self.accumulator = GradientAccumulator(model.trainable_variables)
+
+
+def enable_gradient_accumulation(model: Any, accumulation_steps: int) -> Any:
+    """Make tf_keras ``fit`` apply the optimizer once per ``accumulation_steps`` batches.
+
+    tf_keras optimizers cannot accumulate gradients (Keras 3's take
+    ``gradient_accumulation_steps=k``; tfdp-utils fixes them under tf.distribute, keras#20582).
+    This replaces ``model.train_step`` on this model: each batch's gradients are added to
+    replica-local accumulators and every k-th batch the optimizer applies their mean, as
+    Keras 3 does, so k batches of b examples give the update of one batch of k x b. Works
+    under any strategy and with a ``LossScaleOptimizer``; ``optimizer.iterations`` counts
+    updates, so learning-rate schedules count updates.
+
+    Args:
+        model: a built tf_keras model (created under the strategy's scope, if any).
+        accumulation_steps: batches per optimizer update (>= 1).
+
+    Returns:
+        ``model``, for chaining.
+
+    Raises:
+        RuntimeError: on Keras 3, whose optimizers accumulate themselves.
+        ValueError: the model is not built, or ``accumulation_steps`` is not positive.
+        TypeError: ``accumulation_steps`` is not an integer.
+
+    Examples:
+        >>> model = tdu.enable_gradient_accumulation(model, 4)  # doctest: +SKIP
+        >>> model.fit(dataset_of_micro_batches, epochs=3)  # doctest: +SKIP
+    """
+    steps = positive_int(accumulation_steps, "accumulation_steps")
+    if IS_KERAS3:
+        raise RuntimeError(
+            "enable_gradient_accumulation is for tf_keras; Keras 3 optimizers accumulate "
+            f"themselves: compile with e.g. keras.optimizers.SGD(0.1, "
+            f"gradient_accumulation_steps={steps}) (tfdp_utils.compat fixes keras#20582 "
+            "under MirroredStrategy)."
+        )
+    if not getattr(model, "built", False) or not model.trainable_variables:
+        raise ValueError(
+            f"model {getattr(model, 'name', model)!r} is not built, so its gradients have no "
+            "shapes yet. Build it first (give it a keras.Input, under strategy.scope())."
+        )
+    model._tfdp_accumulation = _FitState(model, steps)
+    model.train_step = types.MethodType(_accumulating_train_step, model)
+    model.train_function = None  # retrace with the new step
+    return model
+
+
+__all__ = ["GradientAccumulator", "enable_gradient_accumulation", "in_cross_replica_cond"]

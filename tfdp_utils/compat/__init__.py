@@ -10,12 +10,15 @@ bug, so that a fixed Keras gets no patch:
   metric values.
 - ``keras#19246`` (:mod:`.keras_19246`): ``steps_per_execution > 1`` on two or more
   Mirrored/MultiWorkerMirrored replicas fails with a placeholder error.
+- ``keras#20582`` (:mod:`.keras_20582`): an optimizer with ``gradient_accumulation_steps``
+  under Mirrored/MultiWorkerMirrored fails with ``merge_call called while defining a new
+  graph``.
 
 :func:`tfdp_utils.auto_strategy` applies the ones its strategy needs (through
 :func:`apply_for_strategy`); :func:`apply` applies every one whose bug is present. Each is
 applied at most once per process and logged once (logger ``tfdp_utils.compat``, a child of
-``tfdp_utils``). These bugs live in Keras 3's TensorFlow trainer; tf_keras's trainer is never
-touched.
+``tfdp_utils``). These bugs live in Keras 3's TensorFlow trainer and optimizer; tf_keras is
+never touched.
 
 On tf_keras, :func:`apply_for_datasets` (:mod:`.tf_keras_datasets`) lets ``fit`` and
 ``evaluate`` take a dataset from :func:`tfdp_utils.build_distributed_dataset` without
@@ -26,9 +29,9 @@ Set ``TFDP_NO_KERAS_PATCHES=1`` to turn them all off.
 Examples:
     >>> import tfdp_utils as tdu
     >>> tdu.compat.apply()  # doctest: +SKIP
-    ('keras#20585', 'tensorflow#72388', 'keras#19246')
+    ('keras#20585', 'tensorflow#72388', 'keras#19246', 'keras#20582')
     >>> tdu.compat.applied()  # doctest: +SKIP
-    ('keras#20585', 'tensorflow#72388', 'keras#19246')
+    ('keras#20585', 'tensorflow#72388', 'keras#19246', 'keras#20582')
 """
 
 from __future__ import annotations
@@ -40,7 +43,13 @@ from collections.abc import Iterable
 from typing import Any
 
 from tfdp_utils._validate import env_flag
-from tfdp_utils.compat import keras_19246, keras_20585, tf_72388, tf_keras_datasets
+from tfdp_utils.compat import (
+    keras_19246,
+    keras_20582,
+    keras_20585,
+    tf_72388,
+    tf_keras_datasets,
+)
 from tfdp_utils.compat._base import (
     KerasCompatError,
     Patch,
@@ -60,6 +69,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     keras_20585.WORKAROUND,
     tf_72388.WORKAROUND,
     keras_19246.WORKAROUND,
+    keras_20582.WORKAROUND,
 )
 _BY_ISSUE = {w.issue: w for w in WORKAROUNDS}
 
@@ -210,7 +220,7 @@ def apply(issues: Iterable[str] | None = None) -> tuple[str, ...]:
     Examples:
         >>> import tfdp_utils as tdu
         >>> tdu.compat.apply(["keras#19246"])  # doctest: +SKIP
-        ('keras#19246',)
+        ('keras#19246', 'keras#20582')
     """
     return _apply(_select(issues), "tdu.compat.apply()")
 
@@ -220,7 +230,8 @@ def needed_for(strategy: Any) -> tuple[str, ...]:
 
     MultiWorkerMirroredStrategy needs keras#20585 and tensorflow#72388; MirroredStrategy or
     MultiWorkerMirroredStrategy with two or more replicas in sync needs keras#19246 (for
-    ``steps_per_execution > 1``). Pure: applies nothing.
+    ``steps_per_execution > 1``); either, on any number of replicas, needs keras#20582 (for
+    ``gradient_accumulation_steps``). Pure: applies nothing.
 
     Args:
         strategy: a ``tf.distribute.Strategy``.
@@ -235,6 +246,8 @@ def needed_for(strategy: Any) -> tuple[str, ...]:
         needs += [keras_20585.ISSUE, tf_72388.ISSUE]
     if is_mirrored_family(strategy) and int(strategy.num_replicas_in_sync) >= 2:
         needs.append(keras_19246.ISSUE)
+    if is_mirrored_family(strategy):
+        needs.append(keras_20582.ISSUE)
     return tuple(needs)
 
 
@@ -254,7 +267,7 @@ def apply_for_strategy(strategy: Any) -> tuple[str, ...]:
         >>> import tfdp_utils as tdu
         >>> strategy = tf.distribute.MirroredStrategy(["/gpu:0", "/gpu:1"])  # doctest: +SKIP
         >>> tdu.compat.apply_for_strategy(strategy)  # doctest: +SKIP
-        ('keras#19246',)
+        ('keras#19246', 'keras#20582')
     """
     needs = needed_for(strategy)
     if not needs:
