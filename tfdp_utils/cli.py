@@ -1,4 +1,4 @@
-"""The ``tfdp-utils`` command: ``env``, ``demo`` and ``report``."""
+"""The ``tfdp-utils`` command: ``env``, ``doctor``, ``demo`` and ``report``."""
 
 from __future__ import annotations
 
@@ -131,7 +131,14 @@ def build_parser() -> argparse.ArgumentParser:
     env.add_argument("--json", action="store_true", help="print one JSON object")
     env.set_defaults(func=_cmd_env)
 
-    from tfdp_utils import demo
+    from tfdp_utils import demo, doctor
+
+    doctor_parser = sub.add_parser(
+        "doctor",
+        help="check versions, known upstream bugs, and train on 2 replicas vs 1 device",
+    )
+    doctor.add_arguments(doctor_parser)
+    doctor_parser.set_defaults(func=doctor.run_from_args)
 
     demo_parser = sub.add_parser("demo", help="train the tutorial's model data-parallel")
     demo.add_arguments(demo_parser)

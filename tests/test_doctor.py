@@ -1,0 +1,235 @@
+"""tfdp-utils doctor: each self-test fails when its bug is planted, and the command says so."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+
+from tfdp_utils import compat, doctor, doctor_checks
+from tfdp_utils._tf import IS_KERAS3, keras, tf
+from tfdp_utils.callbacks import ThroughputLogger
+from tfdp_utils.doctor import Check, DoctorOptions, exit_code, format_table
+
+SELF_TESTS = (
+    "2 replicas = 1 device",
+    "2 replicas = 1 device, steps_per_execution=2",
+    "builder: each example once",
+    "ThroughputLogger counts",
+)
+
+
+def _strategy():
+    return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+
+def _doctor(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "tfdp_utils.cli", "doctor", *args],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=str(REPO),
+        env=full_env,
+        check=False,
+    )
+
+
+# --------------------------------------------------------------------------------- pure
+
+
+def test_version_checks_read_metadata_without_importing_tensorflow() -> None:
+    code = (
+        "import json, sys\n"
+        "from tfdp_utils import doctor\n"
+        "checks = doctor.version_checks()\n"
+        "print(json.dumps([c.as_dict() for c in checks]))\n"
+        "print('tensorflow' in sys.modules)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    checks_line, imported = result.stdout.strip().splitlines()
+    assert imported == "False"
+    names = [c["name"] for c in json.loads(checks_line)]
+    assert {"Python", "TensorFlow package", "Keras", "tf_keras", "TensorBoard", "Ray"} <= set(names)
+
+
+def test_two_tensorflow_flavours_at_once_are_flagged() -> None:
+    assert doctor.flavour_check({}).status == "FAIL"
+    assert doctor.flavour_check({"tensorflow-cpu": "2.21.0"}).status == "INFO"
+    both = doctor.flavour_check({"tensorflow": "2.21.0", "tensorflow-cpu": "2.21.0"})
+    assert both.status == "WARN"
+    assert "tensorflow 2.21.0 + tensorflow-cpu 2.21.0" in both.detail
+    assert "--no-deps" in both.detail
+
+
+def test_the_table_gives_one_verdict_per_line_and_the_exit_code() -> None:
+    checks = [
+        Check("versions", "Python", "INFO", "3.11"),
+        Check("self-tests", "a", "PASS", "fine", seconds=1.25),
+        Check("self-tests", "bb", "FAIL", "broken"),
+    ]
+    table = format_table(checks)
+    assert "  PASS  a       fine (1.2 s)" in table
+    assert "  FAIL  bb      broken" in table
+    assert table.endswith("verdict: FAILED (1 FAIL, 1 PASS)")
+    assert exit_code(checks) == 1 and exit_code(checks[:2]) == 0
+
+
+def test_wait_all_kills_every_process_at_the_first_failure_or_the_bound() -> None:
+    def start(code: str) -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, "-c", code], text=True)
+
+    failing = [start("import sys; sys.exit(3)"), start("import time; time.sleep(120)")]
+    assert doctor.wait_all(failing, timeout=60) == "process 0 exited with 3"
+    assert failing[1].returncode is not None and failing[1].returncode < 0  # killed
+    hung = [start("import time; time.sleep(120)")]
+    assert doctor.wait_all(hung, timeout=0.5) == "still running after the 0.5 s bound"
+    assert hung[0].returncode is not None
+
+
+def test_a_child_past_its_bound_is_killed_and_reported() -> None:
+    checks = doctor.run_doctor(DoctorOptions(timeout=0.5))
+    failed = [c for c in checks if c.status == "FAIL"]
+    assert [c.name for c in failed] == ["TensorFlow checks"]
+    assert "still running after the 0.5 s bound; last finished: start-up" in failed[0].detail
+    assert exit_code(checks) == 1
+
+
+# ----------------------------------------------------- each self-test fails on its planted bug
+
+
+class PerReplicaMeanModel(keras.Sequential):  # type: ignore[misc]
+    """The doctor's model with the classic bug: the loss averaged over the per-replica batch."""
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            logits = self(x, training=True)
+            loss = tf.reduce_mean(
+                keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
+            )
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.trainable_variables, strict=True))
+        return {"loss": loss}
+
+
+def broken_doctor_model(steps_per_execution: int = 1):
+    model = PerReplicaMeanModel(
+        [
+            keras.Input((doctor_checks.FEATURES,)),
+            keras.layers.Dense(16, activation="tanh"),
+            keras.layers.Dense(doctor_checks.CLASSES),
+        ]
+    )
+    model.compile(optimizer=keras.optimizers.SGD(0.2), steps_per_execution=steps_per_execution)
+    return model
+
+
+@pytest.mark.keras
+def test_equivalence_self_test_passes_and_fails_on_a_per_replica_mean() -> None:
+    strategy = _strategy()
+    assert doctor_checks.check_equivalence(strategy).status == "PASS"
+    broken = doctor_checks.check_equivalence(strategy, model_fn=broken_doctor_model)
+    assert broken.status == "FAIL"
+    assert "first divergent step 1" in broken.detail
+
+
+@pytest.mark.keras
+def test_builder_self_test_fails_on_a_builder_that_drops_the_last_partial_batch() -> None:
+    strategy = _strategy()
+
+    def dropping_builder(source, *, strategy, global_batch_size):
+        dataset = tf.data.Dataset.from_tensor_slices(source).batch(
+            global_batch_size, drop_remainder=True
+        )
+        return strategy.experimental_distribute_dataset(dataset)
+
+    assert doctor_checks.check_builder(strategy).status == "PASS"
+    broken = doctor_checks.check_builder(strategy, builder=dropping_builder)
+    assert broken.status == "FAIL"
+    missing = doctor_checks.NUM_EXAMPLES % doctor_checks.GLOBAL_BATCH
+    assert f"{missing} missing, 0 repeated" in broken.detail
+
+
+@pytest.mark.keras
+def test_logger_self_test_fails_when_the_partial_step_counts_as_a_whole_batch() -> None:
+    strategy = _strategy()
+    assert doctor_checks.check_logger(strategy).status == "PASS"
+
+    def nominal_batch(log_dir: str):
+        return ThroughputLogger(
+            log_dir,
+            global_batch_size=doctor_checks.GLOBAL_BATCH,  # every step counted as whole
+            log_every_n_steps=1,
+            warmup_steps=0,
+        )
+
+    broken = doctor_checks.check_logger(strategy, logger_factory=nominal_batch)
+    assert broken.status == "FAIL"
+    assert "wrong runs" in broken.detail
+
+
+@pytest.mark.skipif(not IS_KERAS3, reason="keras#19246 is a Keras 3 bug; tf_keras has no patch")
+def test_steps_per_execution_self_test_fails_with_the_workaround_patched_away(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    strategy = _strategy()
+    monkeypatch.setenv(compat.DISABLE_VARIABLE, "1")
+    compat._undo("keras#19246")
+    try:
+        broken = doctor_checks.check_equivalence(strategy, steps_per_execution=2)
+    finally:
+        monkeypatch.delenv(compat.DISABLE_VARIABLE)
+    assert broken.status == "FAIL"
+    assert "You must feed a value for placeholder" in broken.detail
+    assert doctor_checks.check_equivalence(strategy, steps_per_execution=2).status == "PASS"
+
+
+@pytest.mark.keras
+def test_doctor_exits_non_zero_when_a_self_test_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(doctor_checks, "doctor_model", broken_doctor_model)
+    checks = doctor.run_doctor(in_process=True)
+    failed = {c.name for c in checks if c.status == "FAIL"}
+    assert failed == set(SELF_TESTS[:2])  # the builder and logger tests do not train it
+    assert exit_code(checks) == 1
+    assert "verdict: FAILED" in format_table(checks)
+
+
+# ------------------------------------------------------------------------ the real command
+
+
+@pytest.mark.slow
+@pytest.mark.keras
+def test_doctor_json_with_cluster_and_accelerators() -> None:
+    result = _doctor("--json", "--cluster", "--gpu", "--tpu")
+    report = json.loads(result.stdout)
+    checks = {c["name"]: c for c in report["checks"]}
+    assert result.returncode == report["exit_code"] == 0, result.stdout[-4000:]
+    for name in (*SELF_TESTS, "2 workers (MultiWorkerMirrored) = 1 device"):
+        assert checks[name]["status"] == "PASS", checks[name]
+    assert {c["section"] for c in report["checks"]} == {"versions", "known issues", "self-tests"}
+    assert "keras#19246" in checks and checks["keras#19246"]["url"].endswith("/19246")
+    if not tf.config.list_physical_devices("GPU"):
+        assert checks["GPU replicas"]["detail"] == "skipped: none present"
+    if not tf.config.list_physical_devices("TPU") and not os.environ.get("TPU_NAME"):
+        assert checks["TPU replicas"]["detail"] == "skipped: none present"
+
+
+def test_doctor_fails_with_the_keras_workarounds_turned_off() -> None:
+    result = _doctor(env={compat.DISABLE_VARIABLE: "1"})
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    failed = [line for line in lines if line.startswith("  FAIL")]
+    assert len(failed) == 1 and "steps_per_execution=2" in failed[0], result.stdout
+    assert "placeholder" in failed[0]
+    assert any(line.startswith("  WARN  keras#19246") for line in lines)
+    assert lines[-1].startswith("verdict: FAILED (1 FAIL")

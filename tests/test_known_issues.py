@@ -1,0 +1,89 @@
+"""The known-issues table: data that names real upstream issues, marked right for each version."""
+
+from __future__ import annotations
+
+import pytest
+
+from tfdp_utils.known_issues import (
+    ISSUES,
+    KNOWN_ISSUES,
+    Installed,
+    assess,
+    from_workaround,
+    parse_version,
+)
+
+REQUIRED = (
+    "keras#20585",
+    "tensorflow#72388",
+    "keras#19246",
+    "keras#20582",
+    "keras#21061",
+    "tensorflow#90686",
+    "keras#20611",
+    "keras#20763",
+    "tpu-metadata-wait",
+)
+
+
+def test_the_table_lists_the_issues_that_affect_data_parallel_training() -> None:
+    assert set(REQUIRED) <= set(ISSUES)
+    assert len(ISSUES) == len(KNOWN_ISSUES)  # no duplicate ids
+    for entry in KNOWN_ISSUES:
+        assert entry.url.startswith("https://")
+        if "#" in entry.issue:
+            repo, number = entry.issue.split("#")
+            assert entry.url.endswith(f"/{repo}/issues/{number}"), entry
+        if entry.fixed_in is not None:
+            assert parse_version(entry.fixed_in) > parse_version(entry.affected_from)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("3.15.1", (3, 15, 1)), ("2.21.0rc1", (2, 21, 0)), ("3.16.0.dev2025", (3, 16, 0)), ("", ())],
+)
+def test_parse_version(text: str, expected: tuple[int, ...]) -> None:
+    assert parse_version(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("keras", "verdict"),
+    [("3.6.0", "not affected"), ("3.7.0", "affected"), ("3.7.9", "affected"), ("3.8.0", "fixed")],
+)
+def test_a_bug_fixed_upstream_is_marked_by_the_installed_version(keras: str, verdict: str) -> None:
+    found = assess(ISSUES["keras#20611"], Installed(keras=keras, tensorflow="2.18.0"))
+    assert found.verdict == verdict
+
+
+def test_keras_3_bugs_do_not_apply_on_tf_keras() -> None:
+    found = assess(ISSUES["keras#19246"], Installed(keras=None, tensorflow="2.21.0"))
+    assert found.verdict == "not applicable"
+
+
+@pytest.mark.parametrize(
+    ("present", "disabled", "verdict"),
+    [(True, False, "worked around"), (True, True, "affected"), (False, False, "fixed")],
+)
+def test_compat_bugs_are_judged_by_the_probe(present: bool, disabled: bool, verdict: str) -> None:
+    installed = Installed(
+        keras="3.15.1",
+        tensorflow="2.21.0",
+        bug_present={"keras#19246": present},
+        workarounds_disabled=disabled,
+    )
+    assert assess(ISSUES["keras#19246"], installed).verdict == verdict
+
+
+def test_a_workaround_added_to_compat_overrides_the_table() -> None:
+    installed = Installed(keras="3.15.1", tensorflow="2.21.0", bug_present={"keras#20582": True})
+    assert assess(ISSUES["keras#20582"], installed).verdict == "worked around"
+    entry = from_workaround("keras#99999", "something breaks", "https://example.invalid/1")
+    assert assess(entry, Installed(keras="3.15.1", tensorflow="2.21.0")).verdict == "worked around"
+
+
+def test_hardware_bugs_say_whether_this_machine_can_show_them() -> None:
+    issue = ISSUES["tensorflow#90686"]
+    without = assess(issue, Installed(keras="3.15.1", tensorflow="2.21.0", gpus=0))
+    with_gpus = assess(issue, Installed(keras="3.15.1", tensorflow="2.21.0", gpus=2))
+    assert without.verdict == with_gpus.verdict == "affected"
+    assert not without.here and with_gpus.here
