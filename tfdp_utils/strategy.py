@@ -25,6 +25,7 @@ from tfdp_utils.construction import (
 )
 from tfdp_utils.environment import Environment, detect_environment
 from tfdp_utils.faults import DEFAULT_COLLECTIVE_TIMEOUT, resolve_collective_timeout
+from tfdp_utils.xla import keras_xla
 
 logger = logging.getLogger("tfdp_utils")
 
@@ -378,9 +379,12 @@ def auto_strategy(
         )
     _after_build(strategy)
     where = ", ".join(choice.devices) or ("the cluster" if choice.cluster else "TPU")
+    from tfdp_utils._tf import IS_KERAS3
+
+    xla = keras_xla(choice.kind, keras3=IS_KERAS3, accelerators=len(env.gpus) + len(env.tpus))
     _announce(
         f"tfdp_utils: {choice.class_name} over {strategy.num_replicas_in_sync} replica(s) on "
-        f"{where}: {choice.reason}",
+        f"{where}: {choice.reason}. {xla}",
         verbose=_validate.boolean(verbose, "verbose"),
     )
     strategy._tfdp_choice = choice
