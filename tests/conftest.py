@@ -241,3 +241,11 @@ def tf_config(ports: list[int], index: int, task_type: str = "worker") -> str:
             "task": {"type": task_type, "index": index},
         }
     )
+
+
+@pytest.fixture(scope="session")
+def two_worker_phases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One 2-worker cluster of this pass's Keras flavour runs every module's phases once."""
+    import two_worker_cluster
+
+    return two_worker_cluster.launch(tmp_path_factory.mktemp("two-worker-phases"))

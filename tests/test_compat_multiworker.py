@@ -1,7 +1,8 @@
 """Real 2-worker MultiWorkerMirroredStrategy on localhost: Keras ``fit``/``evaluate``/``predict``.
 
 One cluster run per flavour (Keras 3 here, tf_keras in the ``TF_USE_LEGACY_KERAS=1`` pass)
-serves every test in this module; each worker reports JSON. On Keras 3 the workers first
+serves every test in this module: the ``compat`` phase of the shared 2-worker cluster
+(tests/two_worker_cluster.py); each worker reports JSON. On Keras 3 the workers first
 train with the workarounds off (``TFDP_NO_KERAS_PATCHES=1`` while ``auto_strategy()`` builds
 the strategy), to reproduce keras#20585, then with only keras#20585 fixed, to reproduce
 tensorflow#72388, then with everything ``auto_strategy()`` would apply. On tf_keras the same
@@ -10,106 +11,21 @@ script must train in every phase with no patch at all.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import numpy as np
 import pytest
-from conftest import free_port, start_python, tf_config, wait_all
+from two_worker_cluster import BATCHES, EPOCHS, GLOBAL_BATCH, phase_results
 
 from tfdp_utils._tf import IS_KERAS3
 
 pytestmark = [pytest.mark.slow, pytest.mark.keras]
 
-EPOCHS = 2
-BATCHES = 16
-GLOBAL_BATCH = 16
-
-WORKER = """
-import json, logging, os, traceback
-import numpy as np
-import tfdp_utils as tdu
-from tfdp_utils._tf import keras, tf, IS_KERAS3
-
-if hasattr(keras, "config") and hasattr(keras.config, "disable_traceback_filtering"):
-    keras.config.disable_traceback_filtering()  # keep Keras' own frames in the traceback
-result = {"keras3": IS_KERAS3}
-strategy = tdu.auto_strategy(cluster_timeout=60, collective_timeout=120)
-result["replicas"] = int(strategy.num_replicas_in_sync)
-result["applied_when_disabled"] = list(tdu.compat.applied())
-result["probes"] = {s.issue: s.bug_present for s in tdu.compat.status()}
-del os.environ["TFDP_NO_KERAS_PATCHES"]
-
-rng = np.random.RandomState(0)
-x = rng.rand(%(examples)d, 3).astype("float32")
-y = (x @ np.array([[1.0], [2.0], [3.0]], "float32") + 0.5).astype("float32")
-init = [rng.randn(3, 1).astype("float32") * 0.1, np.zeros((1,), "float32")]
-options = tf.data.Options()
-options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-data = tf.data.Dataset.from_tensor_slices((x, y)).batch(%(batch)d).with_options(options)
-features = tf.data.Dataset.from_tensor_slices(x).batch(%(batch)d).with_options(options)
-
-
-def model_for(steps_per_execution):
-    with strategy.scope():
-        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
-        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse",
-                      steps_per_execution=steps_per_execution)
-    model.set_weights(init)
-    return model
-
-
-def attempt(name, steps_per_execution, full=False):
-    phase = {}
-    model = model_for(steps_per_execution)
-    try:
-        history = model.fit(data, epochs=%(epochs)d, verbose=0)
-        phase["loss"] = [float(v) for v in history.history["loss"]]
-        phase["iterations"] = int(model.optimizer.iterations.numpy())
-        phase["weights"] = [w.tolist() for w in model.get_weights()]
-        if full:
-            phase["evaluate"] = float(model.evaluate(data, verbose=0))
-            phase["predict"] = model.predict(features, verbose=0).tolist()
-    except Exception as exc:
-        phase["error"] = f"{type(exc).__name__}: {exc}"[:3000]
-        phase["frames"] = [frame.name for frame in traceback.extract_tb(exc.__traceback__)]
-    result[name] = phase
-
-
-attempt("off", 1)
-tdu.compat.apply(["keras#20585"])
-result["applied_20585_only"] = list(tdu.compat.applied())
-attempt("only_20585", 1)
-result["applied"] = list(tdu.compat.apply_for_strategy(strategy))
-attempt("on", 1, full=True)
-attempt("on_spe4", 4, full=True)
-print("RESULT " + json.dumps(result), flush=True)
-"""
-
-
-def _parse(rc: int, out: str, err: str) -> dict[str, Any]:
-    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
-    assert rc == 0 and lines, f"worker failed (rc={rc}):\n{out[-3000:]}\n{err[-6000:]}"
-    return dict(json.loads(lines[-1][len("RESULT ") :]))
-
 
 @pytest.fixture(scope="module")
-def workers() -> list[dict[str, Any]]:
-    """Run the two workers once for the whole module; their reports, by task index."""
-    ports = [free_port(), free_port()]
-    code = WORKER % {"examples": BATCHES * GLOBAL_BATCH, "batch": GLOBAL_BATCH, "epochs": EPOCHS}
-    processes = [
-        start_python(
-            code,
-            env={
-                "TF_CONFIG": tf_config(ports, index),
-                "TFDP_NO_KERAS_PATCHES": "1",
-                "CUDA_VISIBLE_DEVICES": "",
-            },
-        )
-        for index in range(2)
-    ]
-    return [_parse(*outcome) for outcome in wait_all(processes, timeout=420)]
+def workers(two_worker_phases: dict[str, Any]) -> list[dict[str, Any]]:
+    """The compat phase of the shared 2-worker cluster; the reports, by task index."""
+    return phase_results(two_worker_phases, "compat")
 
 
 def _data() -> tuple[np.ndarray, np.ndarray]:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from conftest import free_port, result_line, start_python, tf_config, wait_all
+from two_worker_cluster import phase_results
 
 from tfdp_utils._tf import IS_KERAS3
 
@@ -300,55 +301,10 @@ def test_repeat_epochs_second_epoch_is_exact_too(cluster_run: Any) -> None:
     assert sorted(second) == cases["repeat_epochs"]["expected"]
 
 
-FIT_WORKER = r"""
-import json, os, sys
-import numpy as np
-import tfdp_utils as tdu
-from tfdp_utils._tf import IS_KERAS3, keras, tf
-
-sys.path.insert(0, "tests")  # the worker runs in the repository root
-from id_metrics import id_metrics
-
-data_dir, n_arrays = os.environ["DATA_DIR"], int(os.environ["N_ARRAYS"])
-strategy = tdu.auto_strategy(cluster_timeout=60, collective_timeout=120)
-
-
-def parse(line):
-    value = tf.strings.to_number(line, tf.float32)
-    return tf.reshape(value, [1]), tf.reshape(value, [1])
-
-
-ids = np.arange(n_arrays, dtype="float32").reshape(-1, 1)
-files = sorted(os.path.join(data_dir, f) for f in os.listdir(data_dir))
-sources = {
-    "arrays": (n_arrays, dict(source=(ids, ids), shuffle_buffer_size=n_arrays, seed=3)),
-    "files_uneven": (int(os.environ["N_FILES"]), dict(
-        source=files, reader=tf.data.TextLineDataset, map_fn=parse, count_examples=True,
-        shuffle_buffer_size=16, seed=3)),
-}
-out = {"keras3": IS_KERAS3}
-for name, (n, kwargs) in sources.items():
-    dist = tdu.build_distributed_dataset(strategy=strategy, global_batch_size=4, **kwargs)
-    with strategy.scope():
-        model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
-        model.compile(optimizer="sgd", loss="mse", metrics=id_metrics(n))
-    history = model.fit(dist, epochs=3, verbose=0)
-    evaluated = model.evaluate(dist, verbose=0, return_dict=True)
-    out[name] = {
-        "n": n,
-        "policy": dist.tfdp_plan.policy,
-        "steps_per_epoch": dist.tfdp_info.steps_per_epoch,
-        "seen": history.history["seen"],
-        "once": history.history["once"],
-        "iterations": int(model.optimizer.iterations.numpy()),
-        "evaluate": [evaluated["seen"], evaluated["once"]],
-    }
-print("RESULT " + json.dumps(out), flush=True)
-"""
-
-
 @pytest.mark.keras
-def test_fit_and_evaluate_without_steps_over_two_workers(tmp_path: Path) -> None:
+def test_fit_and_evaluate_without_steps_over_two_workers(
+    two_worker_phases: dict[str, Any],
+) -> None:
     """``model.fit(dist, epochs=3)`` as written on one machine, over two real workers.
 
     Example ids are counted inside the model's step (metrics), apart from the builder's own
@@ -356,26 +312,7 @@ def test_fit_and_evaluate_without_steps_over_two_workers(tmp_path: Path) -> None
     workers must run the same number of steps. On tf_keras this needs the dataset adapter
     that ``build_distributed_dataset`` applies; on Keras 3 the keras#20585 workarounds.
     """
-    sizes = (21, 2, 3, 2)  # FILE: 23 examples on one worker, 5 on the other
-    next_id = 0
-    for index, size in enumerate(sizes):
-        lines = "".join(f"{i}\n" for i in range(next_id, next_id + size))
-        (tmp_path / f"part-{index}.txt").write_text(lines)
-        next_id += size
-    ports = [free_port(), free_port()]
-    processes = [
-        start_python(
-            FIT_WORKER,
-            env={
-                "TF_CONFIG": tf_config(ports, index),
-                "DATA_DIR": str(tmp_path),
-                "N_ARRAYS": "13",
-                "N_FILES": str(sum(sizes)),
-            },
-        )
-        for index in range(2)
-    ]
-    reports = [result_line(outcome) for outcome in wait_all(processes, timeout=420)]
+    reports = phase_results(two_worker_phases, "fit_ids")  # tests/two_worker_cluster.py
     for report in reports:
         assert report["keras3"] == IS_KERAS3
         for name, policy in (("arrays", "data"), ("files_uneven", "file")):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -17,25 +18,38 @@ DOCS = REPO / "docs"
 PAGES = sorted(p.name for p in DOCS.glob("*.md"))
 FENCE = re.compile(r"^```python[^\n]*\n(.*?)^```", re.S | re.M)
 
-# Runs one page's Python blocks in a fresh process with 2 logical CPUs (so examples show data
-# parallelism), in order, in one namespace, in an empty folder: as a reader pasting them would.
+# Runs every page's Python blocks in one fresh process with 2 logical CPUs (so examples show data
+# parallelism): each page in order, in its own fresh namespace, in its own empty folder, as a
+# reader pasting them would; MirroredStrategy's collective keys move on between pages (as
+# conftest does between tests). Each page's result is written to the report file as soon as it
+# is known, so a runner that dies still reports the pages before.
 RUNNER = r"""
-import contextlib, io, json, sys, traceback
+import contextlib, io, json, os, sys, traceback
 import tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-page, blocks = json.loads(sys.stdin.read())
-namespace = {"__name__": "__docs__"}
-status = "ok"
-for number, block in enumerate(blocks, 1):
-    out = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(out):
-            exec(compile(block, f"{page}[block {number}]", "exec"), namespace)
-    except BaseException:
-        status = f"block {number} failed:\n{block}\n{traceback.format_exc()}"
-        break
-print("RESULT " + json.dumps(status), flush=True)
+report, root = sys.argv[1], sys.argv[2]
+pages = json.loads(sys.stdin.read())
+results = {}
+for page, blocks in pages.items():
+    tf.distribute.MirroredStrategy._collective_key_base += 100_000
+    folder = os.path.join(root, page)
+    os.makedirs(folder)
+    os.chdir(folder)
+    namespace = {"__name__": "__docs__"}
+    status = "ok"
+    for number, block in enumerate(blocks, 1):
+        out = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out):
+                exec(compile(block, f"{page}[block {number}]", "exec"), namespace)
+        except BaseException:
+            status = f"block {number} failed:\n{block}\n{traceback.format_exc()}"
+            break
+    results[page] = status
+    with open(report + ".tmp", "w") as file:
+        json.dump(results, file)
+    os.replace(report + ".tmp", report)
 """
 
 
@@ -43,28 +57,41 @@ def python_blocks(page: str) -> list[str]:
     return FENCE.findall((DOCS / page).read_text())
 
 
+PAGES_WITH_CODE = [p for p in PAGES if python_blocks(p)]
+
+
+@pytest.fixture(scope="module")
+def page_results(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, str], str]:
+    """Every page's blocks run in one process; each page's status, and the runner's output."""
+    root = tmp_path_factory.mktemp("docs")
+    report = root / "report.json"
+    pages = {page: python_blocks(page) for page in PAGES_WITH_CODE}
+    runner = subprocess.Popen(
+        [sys.executable, "-c", RUNNER, str(report), str(root / "pages")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=str(root),
+        env={k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")},
+    )
+    try:
+        output, _ = runner.communicate(json.dumps(pages), timeout=540)
+    except subprocess.TimeoutExpired:
+        runner.kill()
+        output, _ = runner.communicate()
+        output = "runner still running after 540 s, killed\n" + output
+    results = json.loads(report.read_text()) if report.exists() else {}
+    return results, f"runner rc={runner.returncode}\n{output[-5000:]}"
+
+
 @pytest.mark.slow
 @pytest.mark.keras
-@pytest.mark.parametrize("page", [p for p in PAGES if python_blocks(p)])
-def test_code_blocks_run(page: str, tmp_path: Path) -> None:
-    try:
-        result = subprocess.run(
-            [sys.executable, "-c", RUNNER],
-            input=json.dumps([page, python_blocks(page)]),
-            capture_output=True,
-            text=True,
-            timeout=300,
-            cwd=str(tmp_path),
-            check=False,
-        )
-    except subprocess.TimeoutExpired as error:
-        tail = (error.stderr or b"")[-3000:]
-        raise AssertionError(f"{page}: code blocks still running after 300 s\n{tail!r}") from None
-    line = next((x for x in result.stdout.splitlines() if x.startswith("RESULT ")), None)
-    assert line is not None, (
-        f"{page}: runner died (rc={result.returncode})\n{result.stderr[-5000:]}"
-    )
-    assert json.loads(line[len("RESULT ") :]) == "ok", json.loads(line[len("RESULT ") :])
+@pytest.mark.parametrize("page", PAGES_WITH_CODE)
+def test_code_blocks_run(page: str, page_results: tuple[dict[str, str], str]) -> None:
+    results, runner_output = page_results
+    assert page in results, f"{page}: the runner died before or in this page\n{runner_output}"
+    assert results[page] == "ok", results[page]
 
 
 def test_every_nav_page_exists() -> None:
@@ -101,9 +128,13 @@ def test_exported_members_match_the_api_reference() -> None:
 def test_import_without_tensorflow_names_the_extra(tmp_path: Path) -> None:
     # A stub that makes `import tensorflow` fail, as on a machine without TensorFlow.
     (tmp_path / "tensorflow.py").write_text("raise ImportError('No module named tensorflow')\n")
-    result = run_python(
-        f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import tfdp_utils",
-    )
+    # `import tfdp_utils` is lazy and needs no TensorFlow (the CLI's --help and --version, the
+    # pure modules); the first name that needs TensorFlow says which extra installs it.
+    prefix = f"import sys; sys.path.insert(0, {str(tmp_path)!r}); "
+    bare = run_python(prefix + "import tfdp_utils; print(tfdp_utils.__version__)")
+    assert bare.returncode == 0, bare.stderr[-3000:]
+    assert bare.stdout.strip() == tfdp_utils.__version__
+    result = run_python(prefix + "import tfdp_utils; tfdp_utils.auto_strategy()")
     assert result.returncode != 0
     assert "pip install 'tfdp-utils[tensorflow]'" in result.stderr
     assert "pip install 'tfdp-utils[cpu]'" in result.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -11,21 +12,89 @@ import pytest
 from conftest import REPO
 
 EXAMPLES = sorted(p.name for p in (REPO / "examples").glob("*.py") if p.name != "ray_train.py")
+# Examples that start processes of their own run as they are, each in its own process.
+MULTI_PROCESS = {
+    name
+    for name in EXAMPLES
+    if re.search(
+        r"^\s*(import|from) (subprocess|multiprocessing)\b",
+        (REPO / "examples" / name).read_text(),
+        re.M,
+    )
+}
+
+# Runs every single-process example in one fresh process, one after another, each as
+# `python examples/NAME.py` would: runpy with run_name="__main__", fresh globals, sys.argv of
+# its own, MirroredStrategy's collective keys moved on between them (as conftest does between
+# tests). Each result is written to the report file as soon as it is known.
+RUNNER = r"""
+import contextlib, io, json, os, runpy, sys, traceback
+import tensorflow as tf
+report, scripts = sys.argv[1], sys.argv[2:]
+results = {}
+for path in scripts:
+    tf.distribute.MirroredStrategy._collective_key_base += 100_000
+    sys.argv = [path]
+    out = io.StringIO()
+    status = "ok"
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            runpy.run_path(path, run_name="__main__")
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            status = f"exited with {exc.code!r}"
+    except BaseException:
+        status = traceback.format_exc()
+    results[os.path.basename(path)] = {"status": status, "output": out.getvalue()[-3000:]}
+    with open(report + ".tmp", "w") as file:
+        json.dump(results, file)
+    os.replace(report + ".tmp", report)
+"""
+
+
+@pytest.fixture(scope="module")
+def single_process_results(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[dict[str, dict[str, str]], str]:
+    """Every single-process example run in one process; each one's result, and the output."""
+    report = tmp_path_factory.mktemp("examples") / "report.json"
+    scripts = [str(REPO / "examples" / name) for name in EXAMPLES if name not in MULTI_PROCESS]
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", RUNNER, str(report), *scripts],
+            capture_output=True,
+            text=True,
+            timeout=540,
+            cwd=str(REPO),
+            check=False,
+        )
+        output = f"runner rc={result.returncode}\n{result.stdout[-3000:]}{result.stderr[-5000:]}"
+    except subprocess.TimeoutExpired as error:
+        output = f"runner still running after 540 s, killed\n{error.stderr!r}"[-5000:]
+    results = json.loads(report.read_text()) if report.exists() else {}
+    return results, output
 
 
 @pytest.mark.slow
 @pytest.mark.keras
 @pytest.mark.parametrize("script", EXAMPLES)
-def test_example_runs(script: str) -> None:
-    result = subprocess.run(
-        [sys.executable, str(REPO / "examples" / script)],
-        capture_output=True,
-        text=True,
-        timeout=400,
-        cwd=str(REPO),
-        check=False,
+def test_example_runs(script: str, request: pytest.FixtureRequest) -> None:
+    if script in MULTI_PROCESS:
+        result = subprocess.run(
+            [sys.executable, str(REPO / "examples" / script)],
+            capture_output=True,
+            text=True,
+            timeout=400,
+            cwd=str(REPO),
+            check=False,
+        )
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+        return
+    results, runner_output = request.getfixturevalue("single_process_results")
+    assert script in results, f"{script}: the runner died before or in it\n{runner_output}"
+    assert results[script]["status"] == "ok", (
+        f"{script}: {results[script]['status']}\n{results[script]['output']}"
     )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
 
 
 def _readme_command(marker: str) -> str:

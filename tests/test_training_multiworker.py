@@ -2,60 +2,13 @@
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
-from conftest import free_port, start_python, tf_config, wait_all
+from two_worker_cluster import MODEL, TRAIN_GLOBAL_BATCH, phase_results
 
 from tfdp_utils._tf import keras, tf
 
 pytestmark = [pytest.mark.keras, pytest.mark.slow]
-
-GLOBAL_BATCH = 8
-NUM_EXAMPLES = 3 * GLOBAL_BATCH + 5  # the last global batch is partial
-
-MODEL = """
-def build_model(keras):
-    return keras.Sequential([
-        keras.Input((5,)),
-        keras.layers.Dense(6, activation="tanh", kernel_regularizer=keras.regularizers.L2(0.05)),
-        keras.layers.Dense(3),
-    ])
-"""
-
-WORKER = (
-    MODEL
-    + """
-import json, os, sys
-import numpy as np
-import tfdp_utils as tdu
-from tfdp_utils._tf import keras, tf
-
-strategy = tdu.auto_strategy(prefer="multi_worker", cluster_timeout=60, collective_timeout=60)
-data = np.load(os.environ["DATA"])
-options = tf.data.Options()
-options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-dataset = tf.data.Dataset.from_tensor_slices((data["x"], data["y"])).batch(int(os.environ["GB"]))
-dist = strategy.experimental_distribute_dataset(dataset.with_options(options))
-with strategy.scope():
-    model = build_model(keras)
-    model.set_weights([data[f"w{i}"] for i in range(len(model.get_weights()))])
-    optimizer = keras.optimizers.SGD(learning_rate=0.3, momentum=0.9)
-step = tdu.make_distributed_train_step(
-    model,
-    loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none"),
-    optimizer=optimizer,
-    strategy=strategy,
-)
-losses = [float(step(batch)) for batch in dist]
-print("RESULT", json.dumps({
-    "replicas": strategy.num_replicas_in_sync,
-    "losses": losses,
-    "weights": [w.ravel().tolist() for w in model.get_weights()],
-}))
-"""
-)
 
 
 def _reference(x, y, initial_weights):
@@ -65,7 +18,7 @@ def _reference(x, y, initial_weights):
     model.set_weights(initial_weights)
     optimizer = keras.optimizers.SGD(learning_rate=0.3, momentum=0.9)
     losses = []
-    for xb, yb in tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH):
+    for xb, yb in tf.data.Dataset.from_tensor_slices((x, y)).batch(TRAIN_GLOBAL_BATCH):
         with tf.GradientTape() as tape:
             logits = model(xb, training=True)
             loss = tf.reduce_mean(
@@ -77,32 +30,15 @@ def _reference(x, y, initial_weights):
     return losses, model.get_weights()
 
 
-def test_two_workers_train_like_one_device(tmp_path):
-    rng = np.random.default_rng(3)
-    x = rng.normal(size=(NUM_EXAMPLES, 5)).astype("float32")
-    y = rng.integers(0, 3, size=NUM_EXAMPLES).astype("int64")
-    namespace: dict = {}
-    exec(MODEL, namespace)
-    initial = namespace["build_model"](keras).get_weights()
-    path = tmp_path / "data.npz"
-    np.savez(path, x=x, y=y, **{f"w{i}": w for i, w in enumerate(initial)})
+def test_two_workers_train_like_one_device(two_worker_phases):
+    """The ``train_step`` phase of the shared 2-worker cluster (tests/two_worker_cluster.py)."""
+    data = np.load(two_worker_phases["inputs"]["train_data"])
+    x, y = data["x"], data["y"]
+    initial = [data[f"w{i}"] for i in range(len(data.files) - 2)]
     ref_losses, ref_weights = _reference(x, y, initial)
-
-    ports = [free_port(), free_port()]
-    processes = [
-        start_python(
-            WORKER,
-            env={"TF_CONFIG": tf_config(ports, i), "DATA": str(path), "GB": str(GLOBAL_BATCH)},
-        )
-        for i in range(2)
-    ]
-    results = wait_all(processes, timeout=240)
-    for rc, out, err in results:
-        assert rc == 0, err[-3000:]
-        line = next(x for x in out.splitlines() if x.startswith("RESULT "))
-        data = json.loads(line[len("RESULT ") :])
-        assert data["replicas"] == 2
-        assert len(data["losses"]) == len(ref_losses) == 4
-        np.testing.assert_allclose(data["losses"], ref_losses, atol=1e-5, rtol=0)
-        for got, want in zip(data["weights"], ref_weights, strict=True):
+    for result in phase_results(two_worker_phases, "train_step"):
+        assert result["replicas"] == 2
+        assert len(result["losses"]) == len(ref_losses) == 4
+        np.testing.assert_allclose(result["losses"], ref_losses, atol=1e-5, rtol=0)
+        for got, want in zip(result["weights"], ref_weights, strict=True):
             np.testing.assert_allclose(got, want.ravel(), atol=1e-5, rtol=0)
