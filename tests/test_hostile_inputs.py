@@ -19,12 +19,28 @@ import pytest
 from conftest import REPO
 
 import tfdp_utils as tdu
+from tfdp_utils._tf import keras
 from tfdp_utils.cluster import parse_slurm, parse_tf_config
 from tfdp_utils.faults import resolve_collective_timeout
 
 
 def _strategy() -> Any:
     return tdu.auto_strategy(devices=["/cpu:0", "/cpu:1"])
+
+
+def _model(strategy: Any) -> Any:
+    with strategy.scope():
+        return keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+
+
+def _compile(**kwargs: Any) -> Any:
+    """Compile under a 2-replica strategy (whose Keras workarounds are then applied)."""
+    strategy = _strategy()
+    model = _model(strategy)
+    with strategy.scope():
+        model.compile("sgd", "mse", **kwargs)
+    model.fit(X, Y, batch_size=4, epochs=1, verbose=0)
+    return model
 
 
 X = np.arange(20, dtype="float32").reshape(10, 2)
@@ -375,9 +391,111 @@ CASES: list[tuple[str, Callable[[], Any], Raises | Accepts]] = [
         Raises(TypeError, "options of type int"),
     ),
     (
+        "build(strategy='mirrored')",
+        lambda: tdu.build_distributed_dataset((X, Y), strategy="mirrored", global_batch_size=4),
+        Raises(TypeError, "strategy must be a tf.distribute.Strategy .*received 'mirrored'"),
+    ),
+    (
+        "build(seed='abc')",
+        lambda: tdu.build_distributed_dataset(
+            (X, Y), strategy=_strategy(), global_batch_size=4, shuffle_buffer_size=4, seed="abc"
+        ),
+        Raises(TypeError, "seed must be an integer, but received 'abc'"),
+    ),
+    (
+        "build(drop_remainder='no')",
+        lambda: tdu.build_distributed_dataset(
+            (X, Y), strategy=_strategy(), global_batch_size=4, drop_remainder="no"
+        ),
+        Raises(TypeError, "drop_remainder must be True or False, but received 'no'"),
+    ),
+    (
+        "build(cache=123)",
+        lambda: tdu.build_distributed_dataset(
+            (X, Y), strategy=_strategy(), global_batch_size=4, cache=123
+        ),
+        Raises(TypeError, "cache must be True .* but received 123"),
+    ),
+    (
+        "build(cache='')",
+        lambda: tdu.build_distributed_dataset(
+            (X, Y), strategy=_strategy(), global_batch_size=4, cache=""
+        ),
+        Raises(TypeError, "a file prefix .* but received ''"),
+    ),
+    (
+        "build(cache=Path)",
+        lambda: tdu.build_distributed_dataset(
+            (X, Y), strategy=_strategy(), global_batch_size=4, cache=Path("unused-cache-prefix")
+        ),
+        Accepts("a pathlib.Path is a file prefix, as a str is (not 'in memory')"),
+    ),
+    (
+        "build(drop_remainder, fewer examples than a step)",
+        lambda: tdu.build_distributed_dataset(
+            (X[:3], Y[:3]), strategy=_strategy(), global_batch_size=4, drop_remainder=True
+        ),
+        Raises(ValueError, "drop_remainder=True drops every example: 3 examples"),
+    ),
+    (
+        "ThroughputLogger(per_replica='yes')",
+        lambda: tdu.callbacks.ThroughputLogger("logs", per_replica="yes"),
+        Raises(TypeError, "per_replica must be True or False, but received 'yes'"),
+    ),
+    (
+        "ThroughputLogger(memory=1)",
+        lambda: tdu.callbacks.ThroughputLogger("logs", memory=1),
+        Raises(TypeError, "memory must be True or False, but received 1"),
+    ),
+    (
         "plan_sharding(source=3)",
         lambda: tdu.plan_sharding(3, strategy=_strategy()),
         Raises(TypeError, "source of type int"),
+    ),
+    # make_distributed_train_step, compile (keras#19246's loop owns steps_per_execution)
+    (
+        "make_distributed_train_step(optimizer='adam')",
+        lambda: tdu.make_distributed_train_step(
+            _model(_strategy()), loss="mse", optimizer="adam", strategy=_strategy()
+        ),
+        Raises(TypeError, "optimizer must be a Keras optimizer object, but received 'adam'"),
+    ),
+    (
+        "make_distributed_train_step(model='resnet')",
+        lambda: tdu.make_distributed_train_step("resnet", loss="mse", optimizer=None),
+        Raises(TypeError, "model must be a Keras model, but received 'resnet'"),
+    ),
+    (
+        "make_distributed_train_step(strategy='mirrored')",
+        lambda: tdu.make_distributed_train_step(
+            _model(_strategy()), loss="mse", optimizer=None, strategy="mirrored"
+        ),
+        Raises(TypeError, "strategy must be a tf.distribute.Strategy"),
+    ),
+    (
+        "compile(steps_per_execution=0)",
+        lambda: _compile(steps_per_execution=0),
+        Raises(ValueError, "steps_per_execution must be a positive integer, but received .*=0"),
+    ),
+    (
+        "compile(steps_per_execution=-1)",
+        lambda: _compile(steps_per_execution=-1),
+        Raises(ValueError, "steps_per_execution must be a positive integer, but received .*=-1"),
+    ),
+    (
+        "compile(steps_per_execution=2.5)",
+        lambda: _compile(steps_per_execution=2.5),
+        Raises(TypeError, "steps_per_execution must be an integer, but received 2.5"),
+    ),
+    (
+        "compile(steps_per_execution='auto')",
+        lambda: _compile(steps_per_execution="auto"),
+        Raises(TypeError, "steps_per_execution must be an integer, but received 'auto'"),
+    ),
+    (
+        "compile(steps_per_execution=4)",
+        lambda: _compile(steps_per_execution=4),
+        Accepts("steps_per_execution=4 on 2 replicas trains (keras#19246 worked around)"),
     ),
     # faults, compat
     (

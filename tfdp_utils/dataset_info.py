@@ -1,10 +1,10 @@
 """What a distributed dataset from the builder holds, in exact counts, for whoever consumes it.
 
 Pure Python. :func:`tfdp_utils.build_distributed_dataset` attaches a :class:`DatasetInfo` to
-the dataset it returns (attribute ``tfdp_info``) and records the dataset whenever it is
-iterated, so the throughput callbacks know the global batch size and the exact number of
-examples each replica receives in each step, partial last batch included, without extra
-arguments.
+the dataset it returns (attribute ``tfdp_info``); ``fit`` hands the dataset it trains on to
+its callbacks (:mod:`tfdp_utils.fit_binding`), so the throughput callbacks know the global batch
+size and the exact number of examples each replica receives in each step, partial last batch
+included, without extra arguments.
 """
 
 from __future__ import annotations
@@ -103,34 +103,6 @@ class DatasetInfo:
 
 
 _lock = threading.Lock()
-_last_iterated: DatasetInfo | None = None
-_built: int = 0
-
-
-def record_built() -> None:
-    """Note that the builder produced a dataset (so a missing batch size can be explained)."""
-    global _built
-    with _lock:
-        _built += 1
-
-
-def record_iteration(info: DatasetInfo) -> None:
-    """Note that a builder dataset with ``info`` has just started an epoch of iteration."""
-    global _last_iterated
-    with _lock:
-        _last_iterated = info
-
-
-def last_iterated() -> DatasetInfo | None:
-    """The :class:`DatasetInfo` of the builder dataset iterated most recently, if any."""
-    with _lock:
-        return _last_iterated
-
-
-def datasets_built() -> int:
-    """How many datasets the builder has produced in this process."""
-    with _lock:
-        return _built
 
 
 _strategy_ref: Callable[[], Any] | None = None
@@ -167,11 +139,7 @@ def info_of(dataset: Any) -> DatasetInfo | None:
 
 __all__ = [
     "DatasetInfo",
-    "datasets_built",
     "info_of",
-    "last_iterated",
     "last_strategy",
-    "record_built",
-    "record_iteration",
     "record_strategy",
 ]

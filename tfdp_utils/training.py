@@ -17,6 +17,7 @@ from typing import Any, Literal
 from tfdp_utils import mixed_precision
 from tfdp_utils._tf import IS_KERAS3, KERAS_FLAVOUR, distributed_variable, keras, tf
 from tfdp_utils._validate import positive_int
+from tfdp_utils._validate import strategy as check_strategy
 from tfdp_utils.accumulation import GradientAccumulator
 
 _NO_REDUCTION = ("none", None)
@@ -339,6 +340,22 @@ class DistributedTrainStep:
         return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
 
+def _check_objects(model: Any, optimizer: Any) -> None:
+    """Clear errors for a model or optimizer given by name (fit takes names; a step cannot)."""
+    if not hasattr(model, "trainable_variables") or not callable(model):
+        raise TypeError(
+            f"model must be a Keras model, but received {model!r} of type "
+            f"{type(model).__name__}. Build the model under strategy.scope() and pass it."
+        )
+    if not hasattr(optimizer, "apply_gradients") or not hasattr(optimizer, "iterations"):
+        raise TypeError(
+            f"optimizer must be a Keras optimizer object, but received {optimizer!r} of type "
+            f"{type(optimizer).__name__}. compile() accepts a name, but the step needs the "
+            "optimizer whose variables live under the strategy: create it under "
+            "strategy.scope(), e.g. optimizer = keras.optimizers.Adam(1e-3), and pass it."
+        )
+
+
 def _check_setup(model: Any, optimizer: Any, strategy: Any, metrics: list[Any]) -> None:
     if not getattr(model, "built", False) or not model.trainable_variables:
         raise ValueError(
@@ -447,8 +464,8 @@ def make_distributed_train_step(
         >>> len(losses)
         3
     """
-    if strategy is None:
-        strategy = tf.distribute.get_strategy()
+    strategy = tf.distribute.get_strategy() if strategy is None else check_strategy(strategy)
+    _check_objects(model, optimizer)
     loss_fn = _resolve_loss(loss)
     metric_list = _resolve_metrics(metrics)
     fixed_size = None

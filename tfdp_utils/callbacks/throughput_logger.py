@@ -19,10 +19,10 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from tfdp_utils import _tf, dataset_info, topology
+from tfdp_utils import _tf, dataset_info, fit_binding, topology
 from tfdp_utils import throughput_tags as tags
 from tfdp_utils._tf import keras, tf
-from tfdp_utils._validate import positive_int
+from tfdp_utils._validate import boolean, positive_int
 from tfdp_utils.callbacks.event_writer import RunWriters
 from tfdp_utils.dataset_info import DatasetInfo
 from tfdp_utils.example_counts import ExampleCounter
@@ -103,6 +103,14 @@ class PausableClock:
             self._paused_at = None
 
 
+class _FitData:
+    """What the current ``fit`` trains on: the builder's info, or what kind of data it is."""
+
+    def __init__(self, x: Any) -> None:
+        self.info = dataset_info.info_of(x)
+        self.kind = f"a {type(x).__name__}"
+
+
 @dataclasses.dataclass
 class FitState:
     """What one ``fit`` measures: a new one at every train begin, dropped at train end."""
@@ -113,6 +121,7 @@ class FitState:
     clock: PausableClock
     next_check: int = _UNBOUNDED
     steps_in_epoch: int = _UNBOUNDED
+    written_step: int = -1  # the step of the last counts written
     last_window: ThroughputWindow | None = None
     last_spread: tuple[float, float, float] | None = None
     peak_memory: dict[int, int] = dataclasses.field(default_factory=dict)
@@ -137,10 +146,13 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
 
     The step axis is the optimizer's iteration count. Rates cover windows of
     ``log_every_n_steps`` steps after ``warmup_steps`` warm-up steps; time spent in
-    validation during ``fit`` is left out. Counts come, in this order, from ``dataset``, from
-    ``global_batch_size``, or from the dataset built by
-    :func:`tfdp_utils.build_distributed_dataset` that ``fit`` iterates (exact per-replica
-    counts, partial batches included).
+    validation during ``fit`` is left out. Every ``fit`` ends with a last point at its final
+    step: the exact counts, and the rate of the last (possibly shorter) window after warm-up.
+    Counts come, in this order, from ``dataset``, from ``global_batch_size``, or from the
+    dataset built by :func:`tfdp_utils.build_distributed_dataset` that this ``fit`` call
+    trains on (its ``x``; exact per-replica counts, partial batches included). When none of
+    them applies, ``fit`` fails before the first step with a message naming ``dataset=`` and
+    ``global_batch_size=``.
 
     Args:
         log_dir: directory for the TensorBoard runs (local path or any ``tf.io.gfile`` URL).
@@ -216,8 +228,8 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
             )
         )
         self._given_info = self._dataset_info(dataset)
-        self.per_replica = bool(per_replica)
-        self.memory = bool(memory)
+        self.per_replica = boolean(per_replica, "per_replica")
+        self.memory = boolean(memory, "memory")
         # Validates the FLOPs arguments now rather than at train begin.
         ThroughputMeter(
             flops_per_example=flops_per_example, peak_flops_per_replica=peak_flops_per_replica
@@ -231,6 +243,8 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         self._carried: tuple[int, ...] = ()  # counts at the end of the last fit
         self._summary: dict[str, Any] = {}
         self._fit: FitState | None = None  # set from train begin to train end
+        self._fit_data: _FitData | None = None  # set by fit_binding for one fit
+        fit_binding.install()
 
     def _dataset_info(self, dataset: Any) -> DatasetInfo | None:
         if dataset is None:
@@ -277,7 +291,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
                 "count is the step axis); call model.compile(optimizer=...) before fit."
             )
         placement = self._place(model)
-        counting = self._count_source(placement, at_train_begin=True)
+        counting = self._count_source(placement)
         self._writers.open(self._run_names(placement.position))
         origin = self._read_step()
         counter = ExampleCounter(
@@ -353,7 +367,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         with self._lock:
             self._fit = None
             final = self._read_step()
-            self._count_to(fit, final)
+            self._final_point(fit, final)
             self._carried = tuple(fit.counter.counts)
             self._summary = self._build_summary(fit, final)
             self._writers.close()
@@ -382,10 +396,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         return int(self.model.optimizer.iterations.numpy())
 
     def _count_to(self, fit: FitState, step: int) -> None:
-        counter = fit.counter
-        if step > counter.counted_step and counter.info is None:
-            counter.info, counter.source = self._count_source(fit.placement, at_train_begin=False)
-        counter.count_to(step)
+        fit.counter.count_to(step)
 
     def _log_point(self, fit: FitState, estimate: int) -> None:
         step = self._read_step()
@@ -405,28 +416,64 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         fit.last_window = window
         self._write_window(fit, window, rates)
 
-    def _count_source(
-        self, placement: Placement, *, at_train_begin: bool
-    ) -> tuple[DatasetInfo | None, str]:
-        """The dataset layout to count with and where it comes from, in words.
+    def bind_fit_data(self, x: Any) -> None:
+        """Receive the data of the ``fit`` call this logger is a callback of (None after it).
 
-        ``(None, "")`` at train begin when a builder dataset exists but ``fit`` has not
-        iterated it yet: the first log point asks again.
+        Called by the ``Model.fit`` wrapper of :mod:`tfdp_utils.fit_binding`: the logger counts
+        with the layout of exactly this call's training data, never with state left by
+        another dataset, another model or another ``fit``.
+        """
+        self._fit_data = None if x is None else _FitData(x)
+
+    def _final_point(self, fit: FitState, final: int) -> None:
+        """Write the fit's last point: its exact counts, and the rate of the last (partial)
+        window after warm-up, so TensorBoard ends on the same total as :meth:`summary`.
+
+        Every worker takes the same branch (the final step and the last written step are the
+        same on all of them), so the worker-rate collective matches.
+        """
+        now = fit.clock.now()
+        self._count_to(fit, final)
+        if final <= fit.written_step:
+            return
+        if not fit.meter.warmed_up:
+            self._write_counts(fit, final)
+            return
+        window = fit.meter.update(step=final, time=now, replica_examples=fit.counter.counts)
+        rates = self._gather_worker_rates(fit, window.steps_per_sec if window else math.nan)
+        if window is None:
+            self._write_counts(fit, final)
+            return
+        fit.last_window = window
+        self._write_window(fit, window, rates)
+
+    def _count_source(self, placement: Placement) -> tuple[DatasetInfo | None, str]:
+        """The dataset layout to count with, and where it comes from, in words.
+
+        In order: ``dataset=``, ``global_batch_size=``, the builder dataset this ``fit``
+        trains on. Raises before the first step when none of them says how many examples a
+        step holds.
         """
         info = self._given_info
         source = "the DatasetInfo passed as dataset="
         if info is None and self.global_batch_size is None:
-            info = dataset_info.last_iterated()
-            source = "the dataset built by build_distributed_dataset"
-        if info is None and self.global_batch_size is None:
-            if at_train_begin and dataset_info.datasets_built() > 0:
-                return None, ""
-            raise ValueError(
-                "ThroughputLogger cannot count examples: no global_batch_size was given and "
-                "the model is not trained on a dataset from tfdp_utils.build_distributed_dataset. "
-                "Pass ThroughputLogger(..., global_batch_size=<examples per step over all "
-                "replicas>) or train on a dataset from build_distributed_dataset."
-            )
+            data = self._fit_data
+            info = None if data is None else data.info
+            source = "the dataset built by build_distributed_dataset that fit trains on"
+            if info is None:
+                received = (
+                    "ThroughputLogger runs outside Model.fit, so it cannot see the data"
+                    if data is None
+                    else f"fit trains on {data.kind}, which is not a dataset from "
+                    "tfdp_utils.build_distributed_dataset"
+                )
+                raise ValueError(
+                    f"ThroughputLogger cannot count examples: {received}, and no "
+                    "global_batch_size= or dataset= was given. Pass ThroughputLogger(..., "
+                    "global_batch_size=<examples per step over all replicas>), or "
+                    "dataset=<the builder dataset>, or train on a dataset from "
+                    "build_distributed_dataset."
+                )
         if info is None:
             return None, "global_batch_size, split evenly over the replicas"
         if info.num_replicas_in_sync != placement.num_replicas:
@@ -458,6 +505,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
 
     def _write_counts(self, fit: FitState, step: int) -> None:
         counter = fit.counter
+        fit.written_step = step
         counted = tags.count_origin(exact=counter.info is not None, source=counter.source)
         if fit.placement.position.is_chief:
             self._put(GLOBAL_RUN, tags.EXAMPLES, sum(counter.counts), step, counted=counted)

@@ -28,15 +28,25 @@ class Patch:
     original: Any
     replacement: Any
 
+    inherited: bool = False
+
     def undo(self) -> None:
-        """Put the original attribute back (only if ours is still the one installed)."""
+        """Put the original attribute back (only if ours is still the one installed).
+
+        An attribute the owner inherited is removed again, so the inherited one shows.
+        """
         if getattr(self.owner, self.name, None) is self.replacement:
-            setattr(self.owner, self.name, self.original)
+            if self.inherited:
+                delattr(self.owner, self.name)
+            else:
+                setattr(self.owner, self.name, self.original)
 
 
 def set_attribute(owner: Any, name: str, replacement: Any) -> Patch:
     """Replace ``owner.name`` with ``replacement`` and return the record that undoes it."""
-    patch = Patch(owner, name, getattr(owner, name), replacement)
+    own = getattr(owner, "__dict__", None)
+    inherited = isinstance(owner, type) and own is not None and name not in own
+    patch = Patch(owner, name, getattr(owner, name), replacement, inherited)
     setattr(owner, name, replacement)
     return patch
 

@@ -36,6 +36,7 @@ from types import ModuleType
 from typing import Any
 
 from tfdp_utils._tf import tf
+from tfdp_utils._validate import positive_int
 from tfdp_utils.compat._base import (
     KerasCompatError,
     Patch,
@@ -235,15 +236,52 @@ def install_guard(trainer: ModuleType) -> tuple[str, list[Patch]]:
     return "guard", patches
 
 
+def check_steps_per_execution(value: Any) -> int:
+    """``steps_per_execution`` as a positive int, else a clear error (before Keras' raw one)."""
+    return positive_int(
+        value,
+        "steps_per_execution",
+        hint="Pass the number of batches each compiled execution runs, e.g. "
+        "model.compile(..., steps_per_execution=1) (the default) or 32.",
+    )
+
+
+def _compile_factory(original: Any) -> Any:
+    try:
+        signature: inspect.Signature | None = inspect.signature(original)
+    except (TypeError, ValueError):
+        signature = None
+
+    def compile(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if signature is not None:
+            try:
+                bound = signature.bind(self, *args, **kwargs)
+            except TypeError:
+                bound = None  # Keras words its own signature error
+            if bound is not None and "steps_per_execution" in bound.arguments:
+                check_steps_per_execution(bound.arguments["steps_per_execution"])
+        return original(self, *args, **kwargs)
+
+    compile.__doc__ = original.__doc__
+    compile._tfdp_workaround = ISSUE  # type: ignore[attr-defined]
+    return compile
+
+
 def install(trainer: ModuleType) -> tuple[str, list[Patch]]:
-    """Replace ``TensorFlowTrainer._make_function``, or install the guard if that is unsafe."""
-    if not _fixable(trainer):
-        return install_guard(trainer)
+    """Replace ``TensorFlowTrainer._make_function``, or install the guard if that is unsafe.
+
+    Either way ``compile`` checks ``steps_per_execution`` first: the replaced loop owns it,
+    and Keras' own errors for 0, -1, 2.5 or ``"auto"`` name neither the argument nor the fix.
+    """
     cls = trainer.TensorFlowTrainer
+    check = set_attribute(cls, "compile", _compile_factory(cls.compile))
+    if not _fixable(trainer):
+        mode, patches = install_guard(trainer)
+        return mode, [check, *patches]
     replacement = _make_function_factory(trainer, cls._make_function)
     replacement.__doc__ = cls._make_function.__doc__
     replacement._tfdp_workaround = ISSUE
-    return "fix", [set_attribute(cls, "_make_function", replacement)]
+    return "fix", [check, set_attribute(cls, "_make_function", replacement)]
 
 
 WORKAROUND = Workaround(

@@ -8,7 +8,7 @@ Pure planning apart from tf.data glue, one concept per module:
 ``data/diagnostics.py``       what the builder warns about, as data (pure)
 ``data/sources.py``           what a source is: kind, files, size, reads files, batched
 ``data/pipeline.py``          the per-worker tf.data pipeline, one stage per function
-``data/attach.py``            the class patch that records iteration and reports the steps
+``data/attach.py``            ``tfdp_info`` and the epoch's step count for Keras
 ``data/builder.py``           ``build_distributed_dataset`` and ``plan_sharding``
 ============================  =============================================================
 

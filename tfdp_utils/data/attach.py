@@ -1,9 +1,11 @@
-"""Attaching a built dataset's info: the class patch that records iteration and reports steps.
+"""Attaching a built dataset's info: ``tfdp_info``, ``tfdp_plan`` and the epoch's steps.
 
-:func:`attach` sets ``tfdp_info`` and ``tfdp_plan`` on the distributed dataset and swaps its
-class for a same-named subclass whose ``__iter__`` records the iteration for the throughput
-callbacks (:func:`tfdp_utils.dataset_info.record_iteration`) and whose ``cardinality`` is
-the builder's step count, which Keras 3 takes as the epoch's steps.
+:func:`attach` sets ``tfdp_info`` and ``tfdp_plan`` on the distributed dataset and, where the
+class has a ``cardinality`` property, swaps its class for a same-named subclass whose
+``cardinality`` is the builder's step count, which Keras 3 takes as the epoch's steps. It also
+makes sure Keras' ``fit``/``evaluate``/``predict`` check the dataset's step count and hand it to
+the call's callbacks (:mod:`tfdp_utils.fit_binding`): nothing about the dataset is kept in
+process-wide state.
 """
 
 from __future__ import annotations
@@ -13,13 +15,13 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from tfdp_utils import dataset_info
+from tfdp_utils import fit_binding
 from tfdp_utils.data.sharding import ShardingPlan
 from tfdp_utils.dataset_info import DatasetInfo
 
 logger = logging.getLogger("tfdp_utils")
 
-_RECORDING_CLASSES: dict[type, type] = {}
+_STEP_CLASSES: dict[type, type] = {}
 _UNKNOWN_CARDINALITY = -2  # tf.data.UNKNOWN_CARDINALITY
 _INFINITE_CARDINALITY = -1  # tf.data.INFINITE_CARDINALITY
 
@@ -48,44 +50,43 @@ def _steps_cardinality(fget: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return cardinality
 
 
-def _recording_class(base: type) -> type:
-    """A subclass of ``base`` whose ``__iter__`` records the iteration for the callbacks."""
-    cls = _RECORDING_CLASSES.get(base)
+def _steps_class(base: type) -> type:
+    """A same-named subclass of ``base`` whose ``cardinality`` counts steps, or ``base``."""
+    cls = _STEP_CLASSES.get(base)
     if cls is None:
-
-        def __iter__(self: Any) -> Any:
-            info = getattr(self, "tfdp_info", None)
-            if isinstance(info, DatasetInfo):
-                dataset_info.record_iteration(info)
-            return base.__iter__(self)  # type: ignore[attr-defined]
-
-        namespace: dict[str, Any] = {"__iter__": __iter__, "__module__": __name__}
         base_cardinality = inspect.getattr_static(base, "cardinality", None)
-        if isinstance(base_cardinality, property) and base_cardinality.fget is not None:
-            namespace["cardinality"] = property(_steps_cardinality(base_cardinality.fget))
+        if not isinstance(base_cardinality, property) or base_cardinality.fget is None:
+            return base
+        namespace: dict[str, Any] = {
+            "cardinality": property(_steps_cardinality(base_cardinality.fget)),
+            "__module__": __name__,
+        }
         # Same name, so that code matching on the class name (Keras' data adapters walk
         # the MRO for "DistributedDatasetsFromFunction") still recognises it.
         cls = type(base.__name__, (base,), namespace)
-        _RECORDING_CLASSES[base] = cls
+        _STEP_CLASSES[base] = cls
     return cls
 
 
 def attach(dist: Any, info: DatasetInfo, plan: ShardingPlan) -> Any:
-    """``dist`` with ``tfdp_info`` and ``tfdp_plan`` set and its iterations recorded."""
+    """``dist`` with ``tfdp_info`` and ``tfdp_plan`` set and its epoch's step count."""
     from tfdp_utils import compat
 
     dist.tfdp_info = info
     dist.tfdp_plan = plan
     # tf_keras: fit/evaluate then take the epoch's steps from tfdp_info, as Keras 3 does.
     compat.apply_for_datasets()
-    try:
-        dist.__class__ = _recording_class(type(dist))
-    except TypeError:  # pragma: no cover - a class that forbids __class__ assignment
-        logger.warning(
-            "tfdp_utils: cannot record iterations of %s; callbacks find the dataset info only "
-            "through tfdp_utils.dataset_info.info_of(dataset).",
-            type(dist).__name__,
-        )
+    fit_binding.install()
+    steps_class = _steps_class(type(dist))
+    if steps_class is not type(dist):
+        try:
+            dist.__class__ = steps_class
+        except TypeError:  # pragma: no cover - a class that forbids __class__ assignment
+            logger.warning(
+                "tfdp_utils: cannot set the step count of %s; Keras takes the epoch's steps "
+                "from TensorFlow's cardinality instead.",
+                type(dist).__name__,
+            )
     return dist
 
 

@@ -12,12 +12,14 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 from tfdp_utils import dataset_info
 from tfdp_utils._tf import tf
-from tfdp_utils._validate import positive_int
+from tfdp_utils._validate import boolean, positive_int
+from tfdp_utils._validate import strategy as check_strategy
 from tfdp_utils.batching import split_batch_size
 from tfdp_utils.data.attach import attach
 from tfdp_utils.data.diagnostics import BuildFacts, Finding, diagnose
@@ -365,7 +367,15 @@ def build_distributed_dataset(
         3
     """
     # Validate.
+    if strategy is not None:
+        check_strategy(strategy)
     strategy = _strategy_or_default(strategy)
+    if seed is not None:
+        seed = positive_int(seed, "seed", minimum=0, hint="Pass an integer seed such as 42.")
+    cache = _check_cache(cache)
+    drop_remainder = boolean(drop_remainder, "drop_remainder")
+    prefetch = boolean(prefetch, "prefetch")
+    count_examples = boolean(count_examples, "count_examples")
     replicas = int(strategy.num_replicas_in_sync)
     per_replica = _per_replica_size(global_batch_size, per_replica_batch_size, replicas, strategy)
     check_policy(shard_policy)
@@ -393,6 +403,8 @@ def build_distributed_dataset(
     epochs = plan_epochs(
         plan.examples_per_worker, shape, drop_remainder=drop_remainder, repeat=repeats, dense=dense
     )
+    if not repeats:
+        _check_not_empty_by_dropping(epochs, shape, drop_remainder=drop_remainder)
     # Diagnose.
     shuffling = shuffle_buffer_size is not None
     diagnosis = BuildFacts(
@@ -422,9 +434,37 @@ def build_distributed_dataset(
         data_options=data_options,
     )
     dist = _distribute(strategy, recipe, source, input_options)
-    dataset_info.record_built()
     return attach(
         dist, dataset_info_for(epochs, shape, repeat=repeats, infinite=facts.infinite), plan
+    )
+
+
+def _check_cache(cache: Any) -> bool | str:
+    """``cache`` as True/False (memory or none) or a file prefix; a path-like is a prefix."""
+    if isinstance(cache, bool) or type(cache).__name__ == "bool_":
+        return bool(cache)
+    if isinstance(cache, os.PathLike):
+        cache = os.fspath(cache)
+    if isinstance(cache, str) and cache:
+        return cache
+    raise TypeError(
+        f"cache must be True (cache in memory), False (no cache) or a file prefix (a non-empty "
+        f"str or pathlib.Path), but received {cache!r} of type {type(cache).__name__}. Pass "
+        "cache=True to cache in memory, or cache='/path/to/prefix' to cache in files."
+    )
+
+
+def _check_not_empty_by_dropping(epochs: Any, shape: StepShape, *, drop_remainder: bool) -> None:
+    """A clear error when drop_remainder leaves no step at all (fit would see no data)."""
+    layout = epochs.layout
+    if not drop_remainder or layout is None or layout.steps > 0 or layout.dropped == 0:
+        return
+    raise ValueError(
+        f"drop_remainder=True drops every example: {layout.dropped} examples per epoch do not "
+        f"fill one step of {shape.global_batch_size} examples "
+        f"({shape.per_replica_batch_size} on each of {shape.num_replicas_in_sync} replicas), "
+        "so the dataset would yield no step and fit would stop at once. Pass "
+        "drop_remainder=False (the last step is partial), or a smaller global_batch_size."
     )
 
 

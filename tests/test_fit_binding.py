@@ -1,0 +1,221 @@
+"""Counts bound to the data each ``fit`` call trains on, and epochs that end.
+
+Every figure here is checked against an independent count: the examples the model's step
+actually received, counted inside the step (``id_metrics``-style, by batch sizes summed in a
+variable), never against the logger's own arithmetic.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import tfdp_utils as tdu
+from tfdp_utils import fit_binding
+from tfdp_utils import throughput_tags as tags
+from tfdp_utils._tf import keras
+from tfdp_utils.callbacks import ThroughputLogger
+
+pytestmark = pytest.mark.keras
+
+TRAIN, VAL, BATCH, VAL_BATCH = 1000, 300, 64, 100
+
+
+def strategy_of(replicas: int) -> Any:
+    if replicas == 1:
+        return tf.distribute.OneDeviceStrategy("/cpu:0")
+    return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])
+
+
+class CountingModel(keras.Model):  # type: ignore[misc]
+    """A linear model that counts, in a variable, the examples its train step receives."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dense = keras.layers.Dense(1)
+        self.seen = tf.Variable(
+            0,
+            dtype=tf.int64,
+            trainable=False,
+            synchronization=tf.VariableSynchronization.ON_READ,
+            aggregation=tf.VariableAggregation.SUM,
+        )
+
+    def call(self, x: Any) -> Any:
+        return self.dense(x)
+
+    def train_step(self, data: Any) -> Any:
+        self.seen.assign_add(tf.cast(tf.shape(data[0])[0], tf.int64))
+        return super().train_step(data)
+
+
+def make_model(strategy: Any) -> Any:
+    with strategy.scope():
+        model = CountingModel()
+        model.build((None, 4))
+        model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    return model
+
+
+def arrays(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(n, 4)).astype("float32"), rng.normal(size=(n, 1)).astype("float32")
+
+
+def last_event(run: Path, tag: str) -> tuple[int, float]:
+    acc = EventAccumulator(str(run), size_guidance={"tensors": 0})
+    acc.Reload()
+    event = acc.Tensors(tag)[-1]
+    return event.step, float(tf.make_ndarray(event.tensor_proto))
+
+
+@pytest.mark.parametrize("replicas", [1, 2], ids=["1rep", "2rep"])
+def test_second_fit_with_validation_data_counts_its_training_data(
+    replicas: int, tmp_path: Path
+) -> None:
+    strategy = strategy_of(replicas)
+    train = tdu.build_distributed_dataset(
+        arrays(TRAIN, 0), strategy=strategy, global_batch_size=BATCH
+    )
+    val = tdu.build_distributed_dataset(
+        arrays(VAL, 1), strategy=strategy, global_batch_size=VAL_BATCH
+    )
+    model = make_model(strategy)
+    first = ThroughputLogger(tmp_path / "first", log_every_n_steps=4, warmup_steps=2)
+    model.fit(train, epochs=2, verbose=0, callbacks=[first])
+    # Between fits: evaluate and predict on other data, and another model trained on it.
+    model.evaluate(val, verbose=0)
+    model.predict(val, verbose=0)
+    other = make_model(strategy)
+    other_logger = ThroughputLogger(tmp_path / "other", log_every_n_steps=2, warmup_steps=1)
+    other.fit(val, epochs=1, verbose=0, callbacks=[other_logger])
+    seen_before = int(model.seen.numpy())
+    second = ThroughputLogger(tmp_path / "second", log_every_n_steps=4, warmup_steps=2)
+    model.fit(train, epochs=2, validation_data=val, verbose=0, callbacks=[second])
+    trained = int(model.seen.numpy()) - seen_before
+    assert trained == 2 * TRAIN  # the independent count
+    assert second.summary()["examples"] == trained
+    assert first.summary()["examples"] == seen_before == 2 * TRAIN
+    assert other_logger.summary()["examples"] == int(other.seen.numpy()) == VAL
+    # TensorBoard ends on the same totals.
+    assert last_event(tmp_path / "second" / tags.GLOBAL_RUN, tags.EXAMPLES) == (
+        int(model.optimizer.iterations.numpy()),
+        float(2 * TRAIN),
+    )
+    assert last_event(tmp_path / "other" / tags.GLOBAL_RUN, tags.EXAMPLES)[1] == VAL
+
+
+@pytest.mark.parametrize("replicas", [1, 2], ids=["1rep", "2rep"])
+def test_every_fit_ends_with_its_total(replicas: int, tmp_path: Path) -> None:
+    # 1,000 examples at 64 per step: 16 steps a epoch (the last one 40), 4 epochs, 64 steps.
+    strategy = strategy_of(replicas)
+    dist = tdu.build_distributed_dataset(
+        arrays(TRAIN, 2), strategy=strategy, global_batch_size=BATCH
+    )
+    model = make_model(strategy)
+    logger = ThroughputLogger(tmp_path, log_every_n_steps=4, warmup_steps=3)
+    model.fit(dist, epochs=4, verbose=0, callbacks=[logger])
+    summary = logger.summary()
+    assert int(model.seen.numpy()) == 4 * TRAIN == summary["examples"]
+    assert summary["step"] == 64
+    assert last_event(tmp_path / tags.GLOBAL_RUN, tags.EXAMPLES) == (64, 4000.0)
+    per_replica = [
+        last_event(tmp_path / tags.replica_run(k), tags.EXAMPLES) for k in range(replicas)
+    ]
+    assert [step for step, _ in per_replica] == [64] * replicas
+    assert [int(v) for _, v in per_replica] == summary["replica_examples"]
+    # The last window has a rate, and ends at the final step.
+    assert last_event(tmp_path / tags.GLOBAL_RUN, tags.EXAMPLES_PER_SEC)[0] == 64
+    assert summary["last_window"]["step"] == 64
+
+
+def test_short_fit_still_writes_its_count(tmp_path: Path) -> None:
+    # Fewer steps than the warm-up: no rate, but the count at the final step is written.
+    strategy = strategy_of(2)
+    dist = tdu.build_distributed_dataset(arrays(200, 3), strategy=strategy, global_batch_size=64)
+    model = make_model(strategy)
+    logger = ThroughputLogger(tmp_path)  # defaults: warm-up of 10 steps, windows of 100
+    model.fit(dist, epochs=1, verbose=0, callbacks=[logger])
+    assert last_event(tmp_path / tags.GLOBAL_RUN, tags.EXAMPLES) == (4, 200.0)
+    assert logger.summary()["examples"] == int(model.seen.numpy()) == 200
+
+
+def test_a_logger_on_plain_data_never_borrows_a_builder_layout(tmp_path: Path) -> None:
+    strategy = strategy_of(2)
+    dist = tdu.build_distributed_dataset(arrays(128, 4), strategy=strategy, global_batch_size=64)
+    model = make_model(strategy)
+    model.fit(dist, epochs=1, verbose=0, callbacks=[ThroughputLogger(tmp_path / "a")])
+    plain = tf.data.Dataset.from_tensor_slices(arrays(64, 5)).batch(32)
+    with pytest.raises(ValueError, match=r"fit trains on a \w+Dataset, which is not a dataset"):
+        model.fit(plain, epochs=1, verbose=0, callbacks=[ThroughputLogger(tmp_path / "b")])
+    steps = int(model.optimizer.iterations.numpy())
+    assert steps == 2  # refused before its first step
+    logger = ThroughputLogger(tmp_path / "c", global_batch_size=32)
+    before = int(model.seen.numpy())
+    model.fit(plain, epochs=1, verbose=0, callbacks=[logger])
+    assert logger.summary()["examples"] == int(model.seen.numpy()) - before == 64
+
+
+def test_a_logger_outside_fit_names_the_arguments(tmp_path: Path) -> None:
+    model = make_model(strategy_of(1))
+    logger = ThroughputLogger(tmp_path)
+    logger.set_model(model)
+    with pytest.raises(ValueError, match=r"outside Model.fit.*global_batch_size=.*dataset="):
+        logger.on_train_begin()
+
+
+@pytest.mark.parametrize(
+    ("call", "argument", "steps"),
+    [
+        ("fit", "steps_per_epoch", 16),
+        ("validation", "validation_steps", 16),
+        ("evaluate", "steps", 16),
+        ("predict", "steps", 16),
+    ],
+)
+def test_an_endless_builder_dataset_without_steps_fails_at_once(
+    call: str, argument: str, steps: int
+) -> None:
+    strategy = strategy_of(2)
+    endless = tdu.build_distributed_dataset(
+        arrays(TRAIN, 6), strategy=strategy, global_batch_size=BATCH, repeat=True
+    )
+    once = tdu.build_distributed_dataset(
+        arrays(TRAIN, 6), strategy=strategy, global_batch_size=BATCH
+    )
+    model = make_model(strategy)
+    calls = {
+        "fit": lambda: model.fit(endless, epochs=1, verbose=0),
+        "validation": lambda: model.fit(once, validation_data=endless, epochs=1, verbose=0),
+        "evaluate": lambda: model.evaluate(endless, verbose=0),
+        "predict": lambda: model.predict(endless, verbose=0),
+    }
+    with pytest.raises(
+        fit_binding.EndlessEpochError, match=rf"no {argument}=.*Pass {argument}={steps} "
+    ):
+        calls[call]()
+    assert int(model.optimizer.iterations.numpy()) == 0
+    assert int(model.seen.numpy()) == 0
+    # With the step count it trains, one pass per epoch.
+    if call == "fit":
+        model.fit(endless, epochs=2, steps_per_epoch=steps, verbose=0)
+        assert int(model.seen.numpy()) == 2 * steps * BATCH
+
+
+def test_an_endless_source_without_steps_says_so() -> None:
+    strategy = strategy_of(2)
+    endless = tdu.build_distributed_dataset(
+        tf.data.Dataset.range(10**6)
+        .repeat()
+        .map(lambda i: (tf.fill([4], tf.cast(i, tf.float32)), tf.zeros([1]))),
+        strategy=strategy,
+        global_batch_size=BATCH,
+    )
+    model = make_model(strategy)
+    with pytest.raises(fit_binding.EndlessEpochError, match="the steps you want per epoch"):
+        model.fit(endless, epochs=1, verbose=0)
