@@ -84,16 +84,34 @@ class StepTimer(keras.callbacks.Callback):  # type: ignore[misc]
     def __init__(self) -> None:
         super().__init__()
         self.points: list[tuple[int, float]] = []
+        self.boundaries: list[tuple[int, float]] = []  # (first step of an epoch, seconds)
         self._epoch_start = 0
+        self._ended: float | None = None
         if not IS_KERAS3:
             self.on_train_batch_end = self._end
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         self._epoch_start = epoch * self.params["steps"]
 
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        self._ended = time.perf_counter()
+
     def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        now = time.perf_counter()
+        if self._ended is not None:  # an epoch boundary: epoch end to this first step
+            self.boundaries.append((self._epoch_start, now - self._ended))
+            self._ended = None
         if IS_KERAS3:
-            self.points.append((self._epoch_start + batch, time.perf_counter()))
+            self.points.append((self._epoch_start + batch, now))
+
+    def boundary_seconds(self, previous: int, step: int) -> float:
+        """Epoch-boundary time inside the timer's span from step ``previous`` to ``step``.
+
+        Keras 3 samples at batch begin (after a boundary), tf_keras at batch end (before it).
+        """
+        if IS_KERAS3:
+            return sum(s for e, s in self.boundaries if previous < e <= step)
+        return sum(s for e, s in self.boundaries if previous <= e < step)
 
     def _end(self, batch: int, logs: Any = None) -> None:
         self.points.append((self._epoch_start + batch + 1, time.perf_counter()))
@@ -165,7 +183,7 @@ def train(
         model.fit(make_dataset(), epochs=EPOCHS, verbose=0, callbacks=[timer, logger])
     finally:
         if newly:
-            compat._undo("keras#19246")  # leave Keras as other tests expect it
+            compat.undo("keras#19246")  # leave Keras as other tests expect it
     result = (logger, timer, sizes, log_dir, model)
     runs[key] = result
     return result
@@ -196,7 +214,9 @@ def test_logged_rate_agrees_with_an_independent_timer(
         if step == EPOCHS * 151 and step - previous < EVERY:
             continue  # the short last window at train end (test_every_fit_ends_with_its_total)
         examples = sum(expected_cumulative(sizes, step)) - sum(expected_cumulative(sizes, previous))
+        # Epoch boundaries are left out of the rates (and logged apart): out of the timer too.
         seconds = timer.time_at(step) - timer.time_at(previous)
+        seconds -= timer.boundary_seconds(previous, step)
         ratios.append(logged / (examples / seconds))
     assert all(0.9 <= r <= 1.1 for r in ratios), ratios
     summary = logger.summary()
@@ -500,3 +520,70 @@ def test_without_any_strategy(tmp_path: Path) -> None:
     assert summary["num_replicas"] == 1 and summary["local_replicas"] == [0]
     assert summary["examples"] == 151 * BATCH  # global_batch_size counts the partial step full
     assert {p.name for p in tmp_path.iterdir()} == {tags.GLOBAL_RUN, tags.replica_run(0)}
+
+
+class EpochBoundaryTimer(keras.callbacks.Callback):  # type: ignore[misc]
+    """A second clock: from each epoch's end (and train begin) to the next first step."""
+
+    def __init__(self, pause: float = 0.0) -> None:
+        super().__init__()
+        self.pause, self.started, self.gaps = pause, None, []  # type: ignore[var-annotated]
+
+    def on_train_begin(self, logs: Any = None) -> None:
+        self.started = time.perf_counter()
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        self.started = time.perf_counter()
+        time.sleep(self.pause)  # epoch-end work of a callback listed after the logger
+
+    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        if self.started is not None:
+            self.gaps.append(time.perf_counter() - self.started)
+            self.started = None
+
+
+def test_epoch_starts_are_measured_and_left_out_of_the_rates(tmp_path: Path) -> None:
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    model = make_model(strategy, 1)
+    logger = ThroughputLogger(
+        tmp_path, global_batch_size=BATCH, log_every_n_steps=25, warmup_steps=5
+    )
+    timer = EpochBoundaryTimer(pause=0.4)
+    data = make_dataset().take(50)
+    started = time.perf_counter()
+    # The timer after the logger: its epoch-end sleep falls between the logger's epoch end
+    # and the next epoch's first step, as an iterator rebuild does.
+    model.fit(data, epochs=4, verbose=0, callbacks=[logger, timer])
+    wall = time.perf_counter() - started
+    summary = logger.summary()
+    starts = summary["epoch_start_seconds"]
+    assert len(starts) == 4 == len(timer.gaps)
+    # Each epoch start agrees with the second clock (which starts a moment later at train
+    # begin and a moment earlier at an epoch end, so the logger's is at least as long).
+    for ours, theirs in zip(starts, timer.gaps, strict=True):
+        assert theirs - 0.005 <= ours <= theirs + 0.05, (starts, timer.gaps)
+    assert all(s >= 0.4 for s in starts[1:]), starts
+    # Three boundaries of >= 0.4 s are in the wall time, and in no window.
+    assert summary["measured_seconds"] < wall - 3 * 0.4, (summary["measured_seconds"], wall)
+    events = read_run(tmp_path / tags.GLOBAL_RUN)[tags.EPOCH_START_SECONDS]
+    assert [step for step, _ in events] == [0, 50, 100, 150]
+    assert [v for _, v in events] == pytest.approx(starts, abs=1e-6)
+
+
+@pytest.mark.parametrize(("steps", "epochs"), [(4, 1), (20, 1), (10, 3)])
+def test_short_jobs_show_a_curve_and_their_total_with_the_defaults(
+    steps: int, epochs: int, tmp_path: Path
+) -> None:
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    model = make_model(strategy, 1)
+    logger = ThroughputLogger(tmp_path, global_batch_size=BATCH)
+    model.fit(make_dataset().take(steps), epochs=epochs, verbose=0, callbacks=[logger])
+    total = steps * epochs
+    scalars = read_run(tmp_path / tags.GLOBAL_RUN)
+    assert scalars[tags.EXAMPLES][-1] == (total, float(total * BATCH))
+    rates = scalars[tags.EXAMPLES_PER_SEC]
+    assert len(rates) >= min(3, total - 1), rates  # a curve, not a lone point
+    assert rates[-1][0] == total
+    summary = logger.summary()
+    assert summary["windows"] == len(rates)
+    assert summary["log_every_n_steps"] <= max(1, total // 8)

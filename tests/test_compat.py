@@ -2,7 +2,7 @@
 
 Upstream failures with the workarounds off are reproduced in fresh processes
 (test_compat_upstream.py, test_compat_multiworker.py); here the patch state is reset around
-each test that needs it, with :func:`tfdp_utils.compat._undo`.
+each test that needs it, with :func:`tfdp_utils.compat.undo`.
 """
 
 from __future__ import annotations
@@ -37,12 +37,12 @@ def fresh() -> Iterator[None]:
     """No workaround applied and nothing logged yet; the previous state is restored after."""
     before = compat.applied()
     for issue in before:
-        compat._undo(issue)
+        compat.undo(issue)
     logged = set(compat._LOGGED)
     compat._LOGGED.clear()
     yield
     for issue in compat.applied():
-        compat._undo(issue)
+        compat.undo(issue)
     compat._LOGGED.clear()
     compat._LOGGED.update(logged)
     if before:
@@ -237,7 +237,7 @@ def test_only_keras3_tensorflow_trainer_is_patched(fresh: None) -> None:
             trainer,
             trainer.TensorFlowTrainer,
             keras_20582.tf_optimizer_class(trainer),
-        )
+        ) or (patch.owner, patch.name) == (trainer.TensorFlowTrainer.__mro__[1], "compile")
 
 
 @pytest.mark.keras
@@ -403,8 +403,24 @@ def test_20582_workaround_trains_with_accumulation(fresh: None, two_cpus: Any) -
     # 4 micro-steps of 16 examples, 2 per update: 2 updates.
     assert int(model.optimizer._iterations.numpy()) == 4
     assert int(model.optimizer.iterations.numpy()) == 2
-    compat._undo("keras#20582")
+    compat.undo("keras#20582")
     assert not any(
         getattr(value, "_tfdp_workaround", None) == "keras#20582"
         for value in vars(keras_20582.tf_optimizer_class(keras3_trainer_module())).values()
     )
+
+
+def test_a_saved_model_loads_compiled_with_the_workarounds_applied(
+    fresh: None, tmp_path: Any
+) -> None:
+    # keras#19246's argument check wraps Keras' compile where Keras defines it: load_model
+    # compiles a restored model only when its class's compile is Keras' own.
+    compat.apply(["keras#19246"])
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    model.fit(np.ones((8, 3), "float32"), np.ones((8, 1), "float32"), batch_size=4, verbose=0)
+    model.save(tmp_path / "model.keras")
+    loaded = keras.models.load_model(tmp_path / "model.keras")
+    assert int(loaded.optimizer.iterations.numpy()) == 2
+    compat.undo("keras#19246")
+    assert "keras#19246" not in compat.applied()

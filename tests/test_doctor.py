@@ -184,7 +184,7 @@ def test_steps_per_execution_self_test_fails_with_the_workaround_patched_away(
 ) -> None:
     strategy = _strategy()
     monkeypatch.setenv(compat.DISABLE_VARIABLE, "1")
-    compat._undo("keras#19246")
+    compat.undo("keras#19246")
     try:
         broken = doctor_checks.check_equivalence(strategy, steps_per_execution=2)
     finally:

@@ -145,3 +145,19 @@ def test_readme_demo_command_end_to_end(tmp_path: Path) -> None:
     events = EventAccumulator(str(log_dir / "global"), size_guidance={"tensors": 0})
     events.Reload()
     assert "throughput/examples_per_sec" in events.Tags()["tensors"]
+
+
+@pytest.mark.slow
+def test_demo_refuses_a_bad_batch_in_one_line() -> None:
+    # Valid for argparse, refused by the builder's check: one line, exit status 2.
+    result = subprocess.run(
+        [sys.executable, "-m", "tfdp_utils.cli", "demo", "--batch-size", "3", "--replicas", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=str(REPO),
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert "tfdp-utils demo: error: global_batch_size=3 is not divisible" in result.stderr

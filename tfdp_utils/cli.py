@@ -40,7 +40,11 @@ def environment_report() -> dict[str, Any]:
     built and no network is touched (a TPU hint is reported, not probed).
     """
     from tfdp_utils import __version__
-    from tfdp_utils._tf import IS_KERAS3, KERAS_VERSION, tensorflow_flavour, tf
+
+    try:
+        from tfdp_utils._tf import IS_KERAS3, KERAS_VERSION, tensorflow_flavour, tf
+    except ImportError as exc:
+        return _report_without_tensorflow(__version__, exc)
     from tfdp_utils.environment import detect_environment
     from tfdp_utils.strategy import choose_strategy
 
@@ -75,6 +79,31 @@ def environment_report() -> dict[str, Any]:
     return report
 
 
+def _report_without_tensorflow(version: str, error: ImportError) -> dict[str, Any]:
+    """The report when TensorFlow cannot be imported: what is installed, and how to fix it."""
+    reason = str(error).strip().splitlines()
+    return {
+        "tfdp_utils": version,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "tensorflow": "not installed",
+        "tensorflow_error": reason[-1] if reason else repr(error),
+        "tensorflow_distribution": None,
+        "keras": _version("keras"),
+        "keras_flavour": None,
+        "tf_keras": _version("tf-keras"),
+        "tensorboard": _version("tensorboard"),
+        "variables": {name: os.environ[name] for name in ENV_VARIABLES if name in os.environ},
+        "devices": None,
+        "cluster": None,
+        "strategy": None,
+        "reason": "TensorFlow is not installed (or fails to import), so no strategy can be "
+        "built. Install it: pip install 'tfdp-utils[cpu]' (tensorflow-cpu) or "
+        "'tfdp-utils[tensorflow]', or tensorflow / tensorflow[and-cuda] / tensorflow-tpu "
+        "yourself.",
+    }
+
+
 def _format_report(report: dict[str, Any]) -> str:
     lines = ["tfdp-utils environment (paste this into bug reports)", ""]
     order = [
@@ -89,6 +118,8 @@ def _format_report(report: dict[str, Any]) -> str:
     ]
     for label, key in order:
         lines.append(f"- {label}: {report.get(key)}")
+    if report.get("tensorflow_error"):
+        lines.append(f"- TensorFlow import error: {report['tensorflow_error']}")
     devices = report.get("devices") or {}
     for kind in ("gpu", "cpu", "tpu"):
         names = devices.get(kind) or []
@@ -172,6 +203,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except (ValueError, TypeError) as exc:
+        # Our own argument checks word these for the user: one line, not a traceback.
+        # TensorFlow's own errors (tf.errors.*) are not ValueErrors and keep their trace.
+        from tfdp_utils._validate import env_flag
+
+        if env_flag("TFDP_TRACEBACK"):
+            raise
+        command = getattr(args, "command", None) or "tfdp-utils"
+        print(f"tfdp-utils {command}: error: {exc}", file=sys.stderr)
+        print("(set TFDP_TRACEBACK=1 for the full traceback)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -224,18 +224,45 @@ def run(
     )
 
 
+def _positive(text: str) -> int:
+    """An argparse type: a whole number >= 1, else one clear line from argparse."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the demo's options to an argument parser."""
-    parser.add_argument("--log-dir", default=DEFAULT_LOG_DIR, help="TensorBoard log directory")
-    parser.add_argument("--model", choices=("mlp", "cnn"), default="mlp")
-    parser.add_argument("--epochs", type=int, default=5)
+    """Add the demo's options to an argument parser (each help line shows its default)."""
+    parser.add_argument(
+        "--log-dir",
+        default=DEFAULT_LOG_DIR,
+        help="TensorBoard log directory (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--model",
+        choices=("mlp", "cnn"),
+        default="mlp",
+        help="the tutorial's model to train (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--epochs", type=_positive, default=5, help="training epochs (default: %(default)s)"
+    )
     parser.add_argument(
         "--replicas",
-        type=int,
+        type=_positive,
         default=2,
-        help="logical CPU devices to train on when no GPU/TPU is visible (default 2)",
+        help="logical CPU devices to train on when no GPU/TPU is visible (default: %(default)s)",
     )
-    parser.add_argument("--batch-size", type=int, default=64, help="global batch size")
+    parser.add_argument(
+        "--batch-size",
+        type=_positive,
+        default=64,
+        help="global batch size: examples per step over all replicas (default: %(default)s)",
+    )
 
 
 def run_from_args(args: argparse.Namespace) -> int:

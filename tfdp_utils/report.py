@@ -1,9 +1,10 @@
 """``tfdp-utils report LOGDIR``: throughput figures from the event files a ThroughputLogger wrote.
 
-Reads the runs under ``LOGDIR`` through TensorBoard's own event reader and prints a table
+Reads the runs under ``LOGDIR`` (every record, checksums checked) and prints a table
 (median / min / max examples/s per run, replica skew, workers), or JSON with ``--json``;
 ``--plot PATH`` also draws examples/s per run over steps into a PNG (needs matplotlib:
-``pip install 'tfdp-utils[report]'``).
+``pip install 'tfdp-utils[report]'``). Event files whose records fail their checksums are
+reported as corrupt (exit status 1). Reading needs no TensorFlow import.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import dataclasses
 import json
 import os
 import statistics
+import struct
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -47,9 +49,14 @@ class RunSeries:
 def read_runs(log_dir: str) -> dict[str, RunSeries]:
     """Read every run under ``log_dir`` that holds throughput or memory scalars.
 
+    Runs are the directories that hold event files, found recursively as TensorBoard finds
+    them and named by their path under ``log_dir``. Every record is read (TensorBoard's own
+    reader keeps only 10 tensor events per tag by default) with its checksums checked; a
+    file is read up to its first damaged record (see :func:`event_file_problems`). Pure
+    Python and protobuf: no TensorFlow import.
+
     Args:
-        log_dir: the directory given to ``ThroughputLogger`` (runs are its subdirectories,
-            found recursively as TensorBoard finds them).
+        log_dir: the directory given to ``ThroughputLogger``.
 
     Returns:
         Runs by name (``global``, ``replica_0``, ...), in name order.
@@ -57,30 +64,103 @@ def read_runs(log_dir: str) -> dict[str, RunSeries]:
     Raises:
         FileNotFoundError: when ``log_dir`` does not exist.
     """
-    from tensorboard.backend.event_processing import event_multiplexer
-    from tensorboard.util import tensor_util
-
     if not os.path.isdir(log_dir):
         raise FileNotFoundError(
             f"LOGDIR {log_dir!r} is not a directory; pass the log_dir given to ThroughputLogger."
         )
-    # The default size guidance keeps only 10 tensor events per tag: keep them all.
-    multiplexer = event_multiplexer.EventMultiplexer(size_guidance={"tensors": 0})
-    multiplexer.AddRunsFromDirectory(log_dir)
-    multiplexer.Reload()
     runs: dict[str, RunSeries] = {}
-    for name, tags in sorted(multiplexer.Runs().items()):
-        present = [t for t in _TAGS if t in tags.get("tensors", [])]
-        if not present:
+    for folder, files in _event_files(log_dir):
+        points: dict[str, dict[int, float]] = {}
+        for path in files:
+            records, _ = _read_records(path)
+            for record in records:
+                _add_points(record, points)
+        if not points:
             continue
-        series: dict[str, list[tuple[int, float]]] = {}
-        for tag in present:
-            events = multiplexer.Tensors(name, tag)
-            points = {e.step: float(tensor_util.make_ndarray(e.tensor_proto)) for e in events}
-            series[tag] = sorted(points.items())
-        display = name.replace(os.sep, "/")
+        name = os.path.relpath(folder, log_dir)
+        display = "." if name == os.curdir else name.replace(os.sep, "/")
+        series = {tag: sorted(points[tag].items()) for tag in _TAGS if tag in points}
         runs[display] = RunSeries(display, series)
-    return runs
+    return dict(sorted(runs.items()))
+
+
+def _event_files(log_dir: str) -> list[tuple[str, list[str]]]:
+    found = []
+    for folder, _, files in sorted(os.walk(log_dir)):
+        events = sorted(os.path.join(folder, n) for n in files if ".tfevents." in n)
+        if events:
+            found.append((folder, events))
+    return found
+
+
+def _add_points(record: bytes, points: dict[str, dict[int, float]]) -> None:
+    from tensorboard.compat.proto import event_pb2
+    from tensorboard.util import tensor_util
+
+    event = event_pb2.Event.FromString(record)
+    for value in event.summary.value:
+        if value.tag not in _TAGS:
+            continue
+        if value.HasField("tensor"):
+            number = float(tensor_util.make_ndarray(value.tensor))
+        elif value.HasField("simple_value"):
+            number = float(value.simple_value)
+        else:
+            continue
+        points.setdefault(value.tag, {})[int(event.step)] = number  # the last write wins
+
+
+def _read_records(path: str) -> tuple[list[bytes], str]:
+    """The records of one event file up to the first damaged one, and what was wrong."""
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+    with open(path, "rb") as file:
+        data = file.read()
+    records: list[bytes] = []
+    offset = 0
+    while offset < len(data):
+        header = data[offset : offset + 12]
+        partial = f"ends in a partial record after {len(records)} records (still being written?)"
+        if len(header) < 12:
+            return records, partial
+        (length,) = struct.unpack("<Q", header[:8])
+        (length_crc,) = struct.unpack("<I", header[8:])
+        where = f"record {len(records) + 1} at byte {offset}"
+        if masked_crc32c(header[:8]) != length_crc:
+            return records, f"corrupt: {where} fails its length checksum"
+        body = data[offset + 12 : offset + 16 + length]
+        if len(body) < length + 4:
+            return records, partial
+        (data_crc,) = struct.unpack("<I", body[length:])
+        if masked_crc32c(body[:length]) != data_crc:
+            return records, f"corrupt: {where} fails its data checksum"
+        records.append(body[:length])
+        offset += 16 + length
+    return records, ""
+
+
+def event_file_problems(log_dir: str) -> list[str]:
+    """What is wrong with the event files under ``log_dir``, one line per damaged file.
+
+    Every record of a TensorBoard event file carries a CRC of its length and of its data;
+    a file whose record fails a check is corrupt (TensorBoard's reader silently stops at
+    it, so its later points are lost). A file that ends inside its last record is noted as
+    such: a job may still be writing it.
+
+    Args:
+        log_dir: the directory given to ``ThroughputLogger``.
+
+    Returns:
+        ``"PATH: corrupt: ..."`` or ``"PATH: ends in a partial record ..."`` lines, empty when
+        every file reads to its end.
+    """
+    problems = []
+    for _, files in _event_files(log_dir):
+        for path in files:
+            _, problem = _read_records(path)
+            if problem:
+                problems.append(f"{path}: {problem}")
+    return problems
 
 
 def _stats(values: Sequence[float]) -> dict[str, float] | None:
@@ -249,6 +329,10 @@ def run(args: argparse.Namespace) -> int:
     except FileNotFoundError as exc:
         print(f"tfdp-utils report: {exc}", file=sys.stderr)
         return 2
+    problems = event_file_problems(args.logdir)
+    corrupt = [p for p in problems if ": corrupt" in p]
+    for problem in problems:
+        print(f"tfdp-utils report: {problem}", file=sys.stderr)
     if not runs:
         print(
             f"tfdp-utils report: no throughput runs under {args.logdir!r}; expected the "
@@ -265,13 +349,15 @@ def run(args: argparse.Namespace) -> int:
             print(f"tfdp-utils report: {exc}", file=sys.stderr)
             return 2
         summary["plot"] = args.plot
+    if problems:
+        summary["event_file_problems"] = problems
     if args.json:
         print(json.dumps(summary, indent=2, sort_keys=True))
     else:
         print(format_table(summary))
         if args.plot:
             print(f"plot: {args.plot}")
-    return 0
+    return 1 if corrupt else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -281,8 +367,8 @@ def main(argv: list[str] | None = None) -> int:
         argv: the arguments after ``report``. Defaults to `None` (``sys.argv[1:]``).
 
     Returns:
-        0 on success, 1 when no throughput runs were found, 2 for a missing ``LOGDIR`` or a
-        missing plotting extra.
+        0 on success, 1 when no throughput runs were found or an event file is corrupt, 2
+        for a missing ``LOGDIR`` or a missing plotting extra.
 
     Examples:
     >>> main(["logs", "--json"])  # doctest: +SKIP
@@ -298,6 +384,7 @@ def main(argv: list[str] | None = None) -> int:
 __all__ = [
     "RunSeries",
     "add_arguments",
+    "event_file_problems",
     "format_table",
     "main",
     "plot",

@@ -270,4 +270,61 @@ def spread(values: Sequence[float]) -> tuple[float, float, float]:
     return low, high, skew
 
 
-__all__ = ["ThroughputMeter", "ThroughputWindow", "spread"]
+DEFAULT_LOG_EVERY_N_STEPS = 100
+"""Window length when the job's length is unknown or long (the overhead goal's setting)."""
+DEFAULT_WARMUP_STEPS = 10
+"""Warm-up when the job's length is unknown or long."""
+WINDOWS_IN_A_SHORT_JOB = 8
+"""Windows a job shorter than ``8 x 100`` steps is cut into by the automatic rule."""
+
+
+def window_plan(
+    total_steps: int | None,
+    *,
+    log_every_n_steps: int | None = None,
+    warmup_steps: int | None = None,
+) -> tuple[int, int]:
+    """The window length and warm-up for a job of ``total_steps`` steps. Pure.
+
+    Given values are kept. Otherwise, for a job of known length, the warm-up is a tenth of
+    it (at least 1, at most :data:`DEFAULT_WARMUP_STEPS`) and the rest is cut into
+    :data:`WINDOWS_IN_A_SHORT_JOB` windows (at least 1 step, at most
+    :data:`DEFAULT_LOG_EVERY_N_STEPS`): a job of 20 steps gets 9 windows of 2 steps, a job
+    of 4 steps 3 windows of 1 step, and a long job the defaults, whose overhead is measured
+    in ``benchmarks/``. Unknown length: the defaults.
+
+    Args:
+        total_steps: the steps ``fit`` will run (steps per epoch x epochs), None if unknown.
+        log_every_n_steps: the user's window length, or None for the rule.
+        warmup_steps: the user's warm-up, or None for the rule.
+
+    Returns:
+        ``(log_every_n_steps, warmup_steps)``.
+    """
+    if warmup_steps is None:
+        warmup_steps = (
+            DEFAULT_WARMUP_STEPS
+            if not total_steps
+            else min(DEFAULT_WARMUP_STEPS, max(1, total_steps // 10))
+        )
+    if log_every_n_steps is None:
+        log_every_n_steps = (
+            DEFAULT_LOG_EVERY_N_STEPS
+            if not total_steps
+            else min(
+                DEFAULT_LOG_EVERY_N_STEPS,
+                max(1, (total_steps - warmup_steps) // WINDOWS_IN_A_SHORT_JOB),
+            )
+        )
+    return log_every_n_steps, warmup_steps
+
+
+__all__ = [
+    "DEFAULT_LOG_EVERY_N_STEPS",
+    "DEFAULT_WARMUP_STEPS",
+    "WINDOWS_IN_A_SHORT_JOB",
+    "ThroughputMeter",
+    "ThroughputWindow",
+    "spread",
+    "window_plan",
+]

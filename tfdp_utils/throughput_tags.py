@@ -77,6 +77,7 @@ MFU = "throughput/mfu"
 WORKER_STEPS_PER_SEC_MIN = "throughput/worker_steps_per_sec_min"
 WORKER_STEPS_PER_SEC_MAX = "throughput/worker_steps_per_sec_max"
 WORKER_SKEW = "throughput/worker_skew"
+EPOCH_START_SECONDS = "throughput/epoch_start_seconds"
 MEMORY_CURRENT_BYTES = "memory/current_bytes"
 MEMORY_PEAK_BYTES = "memory/peak_bytes"
 
@@ -132,6 +133,13 @@ SCHEMA: tuple[TagSpec, ...] = (
         f"{_WORKERS}: (max - min) / max; 0 when all workers step alike.",
     ),
     TagSpec(
+        "global",
+        EPOCH_START_SECONDS,
+        "Measured: seconds from the end of the previous epoch (or from train begin) to this "
+        "epoch's first step on this host: the input iterator's rebuild and prefetch, and "
+        "other callbacks' epoch-end work. Left out of every window's rate.",
+    ),
+    TagSpec(
         "worker", STEPS_PER_SEC, "Measured: this worker's optimizer steps per second {timing}."
     ),
     TagSpec(
@@ -177,8 +185,9 @@ def describe(run: str, tag: str, **fields: str) -> str:
 def window_timing(log_every_n_steps: int) -> str:
     """The ``timing`` field: what a window's rate is measured over."""
     return (
-        f"over the last window (about {log_every_n_steps} optimizer steps), wall time on this "
-        "worker's host clock at log points, validation excluded"
+        f"over the last window (about {log_every_n_steps} optimizer steps; the last window of "
+        "a fit may be shorter), wall time on this worker's host clock at log points, "
+        "validation and epoch starts excluded"
     )
 
 
@@ -213,24 +222,43 @@ class Category:
     closed: bool = False
 
 
-LAYOUT: tuple[Category, ...] = (
-    Category(
-        "throughput",
-        (
-            Chart("examples/s: global, workers and replicas", (f"^{EXAMPLES_PER_SEC}$",)),
-            Chart("steps/s: global and workers", (f"^{STEPS_PER_SEC}$",)),
-            Chart("worker steps/s spread", (r"^throughput/worker_steps_per_sec_(min|max)$",)),
-            Chart("worker skew", (f"^{WORKER_SKEW}$",)),
-            Chart("examples trained", (f"^{EXAMPLES}$",)),
-            Chart("MFU", (f"^{MFU}$",)),
-        ),
-    ),
-    Category("memory", (Chart("device memory per replica", (r"^memory/.*_bytes$",)),), True),
-)
-"""The dashboard the chief writes into the global run (the plugin reads it there)."""
+_EXAMPLES_RATE = Chart("examples/s: global, workers and replicas", (f"^{EXAMPLES_PER_SEC}$",))
+_STEPS_RATE = Chart("steps/s: global and workers", (f"^{STEPS_PER_SEC}$",))
+_SPREAD = Chart("worker steps/s spread", (r"^throughput/worker_steps_per_sec_(min|max)$",))
+_SKEW = Chart("worker skew", (f"^{WORKER_SKEW}$",))
+_TRAINED = Chart("examples trained", (f"^{EXAMPLES}$",))
+_EPOCH_STARTS = Chart("epoch start (s)", (f"^{EPOCH_START_SECONDS}$",))
+_MFU = Chart("MFU", (f"^{MFU}$",))
+_MEMORY = Category("memory", (Chart("device memory per replica", (r"^memory/.*_bytes$",)),), True)
+
+
+def layout(*, multi_worker: bool, flops: bool, memory: bool) -> tuple[Category, ...]:
+    """The dashboard for one job: only the charts that job's runs will have data for.
+
+    Args:
+        multi_worker: whether several workers train (worker spread and skew charts).
+        flops: whether FLOPs figures were given (the MFU chart).
+        memory: whether some replica's device reports memory (the memory section).
+    """
+    charts = [_EXAMPLES_RATE, _STEPS_RATE]
+    if multi_worker:
+        charts += [_SPREAD, _SKEW]
+    charts += [_TRAINED, _EPOCH_STARTS]
+    if flops:
+        charts.append(_MFU)
+    categories = [Category("throughput", tuple(charts))]
+    if memory:
+        categories.append(_MEMORY)
+    return tuple(categories)
+
+
+LAYOUT: tuple[Category, ...] = layout(multi_worker=True, flops=True, memory=True)
+"""Every chart of the dashboard; the chief writes :func:`layout` for its job into the global
+run (the plugin reads it there)."""
 
 
 __all__ = [
+    "EPOCH_START_SECONDS",
     "EXAMPLES",
     "EXAMPLES_PER_SEC",
     "FLOPS_PER_SEC",
@@ -254,6 +282,7 @@ __all__ = [
     "TagSpec",
     "count_origin",
     "describe",
+    "layout",
     "parse_run",
     "replica_run",
     "replica_split",

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tfdp_utils.throughput import ThroughputMeter, spread
+from tfdp_utils.throughput import ThroughputMeter, spread, window_plan
 
 
 def test_rates_cover_the_window_since_the_previous_update() -> None:
@@ -127,3 +127,28 @@ def test_total_rate_is_total_examples_over_total_time(
     assert total.examples_per_sec == pytest.approx(examples / now)
     assert total.steps_per_sec == pytest.approx(step / now)
     assert meter.windows == len(increments)
+
+
+@pytest.mark.parametrize(
+    ("total", "expected"),
+    [
+        (None, (100, 10)),  # unknown length: the defaults
+        (0, (100, 10)),
+        (4, (1, 1)),  # 3 windows of 1 step after 1 warm-up step
+        (20, (2, 2)),  # 9 windows
+        (144, (16, 10)),  # the Keras tutorial: 8 windows instead of 1
+        (810, (100, 10)),
+        (100_000, (100, 10)),  # long jobs keep the overhead-measured setting
+    ],
+)
+def test_window_plan_fits_the_job(total: int | None, expected: tuple[int, int]) -> None:
+    every, warmup = window_plan(total)
+    assert (every, warmup) == expected
+    if total and total >= 2:
+        assert (total - warmup) // every >= 2  # a curve, not a lone point
+
+
+def test_window_plan_keeps_given_values() -> None:
+    assert window_plan(20, log_every_n_steps=7) == (7, 2)
+    assert window_plan(20, warmup_steps=0) == (2, 0)
+    assert window_plan(None, log_every_n_steps=3, warmup_steps=4) == (3, 4)

@@ -27,6 +27,7 @@ def test_the_schema_is_pinned() -> None:
             "throughput/worker_steps_per_sec_min",
             "throughput/worker_steps_per_sec_max",
             "throughput/worker_skew",
+            "throughput/epoch_start_seconds",
         ),
         "worker": ("throughput/steps_per_sec", "throughput/examples_per_sec"),
         "replica": (
@@ -104,3 +105,25 @@ def test_the_layout_charts_every_tag_and_only_schema_tags() -> None:
     assert charted == tags.TAGS - {tags.FLOPS_PER_SEC}
     for pattern in patterns:
         assert any(re.fullmatch(pattern, t) for t in tags.TAGS), pattern
+
+
+def test_a_job_layout_charts_only_what_it_writes() -> None:
+    def charted(layout: tuple[tags.Category, ...]) -> set[str]:
+        patterns = [p for c in layout for chart in c.charts for p in chart.tag_patterns]
+        return {t for t in tags.TAGS if any(re.fullmatch(p, t) for p in patterns)}
+
+    single = charted(tags.layout(multi_worker=False, flops=False, memory=False))
+    assert single == {
+        tags.EXAMPLES_PER_SEC,
+        tags.STEPS_PER_SEC,
+        tags.EXAMPLES,
+        tags.EPOCH_START_SECONDS,
+    }
+    everything = charted(tags.layout(multi_worker=True, flops=True, memory=True))
+    assert everything == charted(tags.LAYOUT) == tags.TAGS - {tags.FLOPS_PER_SEC}
+    workers = charted(tags.layout(multi_worker=True, flops=False, memory=False)) - single
+    assert workers == {
+        tags.WORKER_STEPS_PER_SEC_MIN,
+        tags.WORKER_STEPS_PER_SEC_MAX,
+        tags.WORKER_SKEW,
+    }

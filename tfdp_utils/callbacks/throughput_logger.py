@@ -26,10 +26,11 @@ from tfdp_utils._validate import boolean, positive_int
 from tfdp_utils.callbacks.event_writer import RunWriters
 from tfdp_utils.dataset_info import DatasetInfo
 from tfdp_utils.example_counts import ExampleCounter
-from tfdp_utils.throughput import ThroughputMeter, ThroughputWindow, spread
+from tfdp_utils.throughput import ThroughputMeter, ThroughputWindow, spread, window_plan
 from tfdp_utils.throughput_tags import GLOBAL_RUN, replica_run, worker_run
 
 _Callback: Any = keras.callbacks.Callback
+_EPOCH_START = "epoch_start"
 _UNBOUNDED = 2**62
 
 
@@ -81,26 +82,47 @@ class Placement:
 
 
 class PausableClock:
-    """Host seconds (``time.perf_counter``) that stand still between pause() and resume()."""
+    """Host seconds (``time.perf_counter``) that stand still while any pause is held.
+
+    Pauses are named (``"validation"``, ``"epoch_start"``), so that one ending never restarts
+    the clock while another is still held.
+    """
 
     def __init__(self) -> None:
         self._excluded = 0.0
         self._paused_at: float | None = None
+        self._reasons: set[str] = set()
 
     def now(self) -> float:
         """Seconds so far, the paused spans left out."""
         now = self._paused_at if self._paused_at is not None else time.perf_counter()
         return now - self._excluded
 
-    def pause(self) -> None:
-        """Stop the clock (validation starts)."""
-        self._paused_at = time.perf_counter()
+    def pause(self, reason: str = "validation") -> None:
+        """Hold the clock for ``reason`` (validation starts, an epoch ends)."""
+        if not self._reasons:
+            self._paused_at = time.perf_counter()
+        self._reasons.add(reason)
 
-    def resume(self) -> None:
-        """Restart the clock (validation ended); nothing when it is not paused."""
-        if self._paused_at is not None:
-            self._excluded += time.perf_counter() - self._paused_at
-            self._paused_at = None
+    def resume(self, reason: str = "validation") -> float:
+        """Release ``reason``; the clock runs again when no pause is held.
+
+        Returns:
+            Seconds since the clock stopped, when this release restarts it; else 0.
+        """
+        if reason not in self._reasons:
+            return 0.0
+        self._reasons.discard(reason)
+        if self._reasons or self._paused_at is None:
+            return 0.0
+        held = time.perf_counter() - self._paused_at
+        self._excluded += held
+        self._paused_at = None
+        return held
+
+    def held(self, reason: str) -> bool:
+        """Whether a pause for ``reason`` is held."""
+        return reason in self._reasons
 
 
 class _FitData:
@@ -119,12 +141,15 @@ class FitState:
     counter: ExampleCounter
     meter: ThroughputMeter
     clock: PausableClock
+    log_every_n_steps: int
+    warmup_steps: int
     next_check: int = _UNBOUNDED
     steps_in_epoch: int = _UNBOUNDED
     written_step: int = -1  # the step of the last counts written
     last_window: ThroughputWindow | None = None
     last_spread: tuple[float, float, float] | None = None
     peak_memory: dict[int, int] = dataclasses.field(default_factory=dict)
+    epoch_starts: list[float] = dataclasses.field(default_factory=list)
 
 
 class ThroughputLogger(_Callback):  # type: ignore[misc]
@@ -162,9 +187,12 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         global_batch_size: examples per step over all replicas, for datasets not made by
             the builder; every step then counts this many examples, split evenly over the
             replicas. Defaults to `None`.
-        log_every_n_steps: steps per measured window. Defaults to `100`.
+        log_every_n_steps: steps per measured window. Defaults to `None`: chosen per
+            ``fit`` from the steps it will run (:func:`tfdp_utils.throughput.window_plan`):
+            100 for long or unknown jobs, shorter for short ones, so that a job of 20 steps
+            still shows a curve.
         warmup_steps: steps at the start of each ``fit`` left out of every rate (tracing,
-            first batches). Defaults to `10`.
+            first batches). Defaults to `None`: 10, or a tenth of a short job (at least 1).
         per_replica: write the ``replica_<k>`` runs. Defaults to `True`.
         memory: write device memory where the device reports it (GPU, TPU; not the CPU).
             Defaults to `True`.
@@ -195,8 +223,8 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         *,
         dataset: Any = None,
         global_batch_size: int | None = None,
-        log_every_n_steps: int = 100,
-        warmup_steps: int = 10,
+        log_every_n_steps: int | None = None,
+        warmup_steps: int | None = None,
         per_replica: bool = True,
         memory: bool = True,
         flops_per_example: float | None = None,
@@ -206,17 +234,26 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         if not isinstance(log_dir, (str, os.PathLike)) or not os.fspath(log_dir):
             raise TypeError(f"log_dir={log_dir!r} is not a directory path; pass e.g. 'logs/run1'.")
         self.log_dir = os.fspath(log_dir)
-        self.log_every_n_steps = positive_int(
-            log_every_n_steps,
-            "log_every_n_steps",
-            hint="Pass the number of steps each measured window covers, e.g. 100.",
+        self.log_every_n_steps = (
+            None
+            if log_every_n_steps is None
+            else positive_int(
+                log_every_n_steps,
+                "log_every_n_steps",
+                hint="Pass the number of steps each measured window covers, e.g. 100, or "
+                "None to choose it from the length of each fit.",
+            )
         )
-        self.warmup_steps = positive_int(
-            warmup_steps,
-            "warmup_steps",
-            minimum=0,
-            hint="Pass 0 to measure from the first step, or a positive number of steps to "
-            "leave out while tracing warms up, e.g. 10.",
+        self.warmup_steps = (
+            None
+            if warmup_steps is None
+            else positive_int(
+                warmup_steps,
+                "warmup_steps",
+                minimum=0,
+                hint="Pass 0 to measure from the first step, or a positive number of steps "
+                "to leave out while tracing warms up, e.g. 10.",
+            )
         )
         self.global_batch_size = (
             None
@@ -301,21 +338,53 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
             global_batch_size=self.global_batch_size,
         )
         counter.info, counter.source = counting
+        every, warmup = window_plan(
+            self._planned_steps(),
+            log_every_n_steps=self.log_every_n_steps,
+            warmup_steps=self.warmup_steps,
+        )
         meter = ThroughputMeter(
             num_replicas=placement.num_replicas,
-            warmup_steps=self.warmup_steps,
+            warmup_steps=warmup,
             flops_per_example=self.flops_per_example,
             peak_flops_per_replica=self.peak_flops_per_replica,
         )
-        fit = FitState(placement, counter, meter, PausableClock())
+        fit = FitState(placement, counter, meter, PausableClock(), every, warmup)
         meter.update(step=origin, time=fit.clock.now(), replica_examples=counter.counts)
-        fit.next_check = origin + (self.warmup_steps or self.log_every_n_steps)
+        fit.next_check = origin + (warmup or every)
         self._fit = fit
         if placement.position.is_chief:
-            self._writers.layout(GLOBAL_RUN, tags.LAYOUT)
+            mfu = self.flops_per_example is not None and self.peak_flops_per_replica is not None
+            job = tags.layout(
+                multi_worker=placement.position.is_multi_worker,
+                flops=mfu,
+                memory=bool(placement.memory_devices),
+            )
+            self._writers.layout(GLOBAL_RUN, job)
         # The starting count; also pays the first summary write's one-off setup cost here
         # instead of inside the first measured window.
         self._write_counts(fit, origin)
+        # From here to the first step is the first epoch's start (tf_keras builds the
+        # iterator now).
+        fit.clock.pause(_EPOCH_START)
+
+    def _planned_steps(self) -> int | None:
+        params = getattr(self, "params", None) or {}
+        steps, epochs = params.get("steps"), params.get("epochs")
+        if not steps or not epochs:
+            return None
+        return int(steps) * int(epochs)
+
+    def on_train_batch_begin(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
+        # On the training thread, every step: one attribute test unless an epoch is starting.
+        fit = self._fit
+        if fit is None or not fit.clock.held(_EPOCH_START):
+            return
+        with self._lock:
+            seconds = fit.clock.resume(_EPOCH_START)
+            fit.epoch_starts.append(seconds)
+            if fit.placement.position.is_chief:
+                self._put(GLOBAL_RUN, tags.EPOCH_START_SECONDS, seconds, fit.counter.epoch_start)
 
     def on_epoch_begin(self, epoch: int, logs: Mapping[str, Any] | None = None) -> None:
         steps = (getattr(self, "params", None) or {}).get("steps")
@@ -341,6 +410,8 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         if fit is None:
             return
         with self._lock:
+            # The epoch boundary starts here and lasts until the next epoch's first step.
+            fit.clock.pause(_EPOCH_START)
             # Keras has just synced the epoch's logs; one more read here costs nothing and
             # keeps the next epoch's host-side step estimate and example positions exact.
             step = self._read_step()
@@ -352,13 +423,13 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         fit = self._fit
         if fit is not None:
             with self._lock:
-                fit.clock.pause()
+                fit.clock.pause("validation")
 
     def on_test_end(self, logs: Mapping[str, Any] | None = None) -> None:
         fit = self._fit
         if fit is not None:
             with self._lock:
-                fit.clock.resume()
+                fit.clock.resume("validation")
 
     def on_train_end(self, logs: Mapping[str, Any] | None = None) -> None:
         fit = self._fit
@@ -406,7 +477,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         window = fit.meter.update(step=step, time=now, replica_examples=fit.counter.counts)
         # From the host-side estimate, not the read step, so every worker takes the same
         # log points (their collectives must match).
-        fit.next_check = estimate + self.log_every_n_steps
+        fit.next_check = estimate + fit.log_every_n_steps
         if not was_warm:
             self._write_counts(fit, step)
             return
@@ -517,7 +588,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         self, fit: FitState, window: ThroughputWindow, worker_rates: list[float] | None
     ) -> None:
         position = fit.placement.position
-        timing = tags.window_timing(self.log_every_n_steps)
+        timing = tags.window_timing(fit.log_every_n_steps)
         self._write_counts(fit, window.step)
         if position.is_chief:
             self._write_global(window, timing)
@@ -578,7 +649,9 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         result.update(
             step=final_step,
             steps_trained=final_step - fit.counter.origin,
-            log_every_n_steps=self.log_every_n_steps,
+            log_every_n_steps=fit.log_every_n_steps,
+            warmup_steps=fit.warmup_steps,
+            epoch_start_seconds=list(fit.epoch_starts),
             num_replicas=fit.placement.num_replicas,
             num_workers=position.num_workers,
             worker=position.index,
@@ -611,7 +684,9 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         ``replica_examples_per_sec`` (over all windows after warm-up; absent when no window
         completed), ``measured_steps``, ``measured_seconds``, ``windows``, ``step``,
         ``num_replicas``, ``num_workers``, ``worker``, ``is_chief``, ``count_source``,
-        and ``flops_per_sec`` / ``mfu`` / ``worker_steps_per_sec`` / ``peak_memory_bytes``
+        ``log_every_n_steps`` and ``warmup_steps`` (as used in that fit),
+        ``epoch_start_seconds`` (each epoch's start, left out of the rates), and
+        ``flops_per_sec`` / ``mfu`` / ``worker_steps_per_sec`` / ``peak_memory_bytes``
         where measured.
 
         Returns:

@@ -341,8 +341,15 @@ def status() -> tuple[WorkaroundStatus, ...]:
         )
 
 
-def _undo(issue: str) -> None:
-    """Take one workaround back out (for tests that need Keras' own behaviour in-process)."""
+def undo(issue: str) -> None:
+    """Take one applied workaround back out: Keras' own code is restored.
+
+    For code that needs Keras' own behaviour in-process after :func:`apply` (a reproduction
+    of the upstream bug, a comparison); nothing happens when ``issue`` is not applied.
+
+    Args:
+        issue: the upstream issue, e.g. ``"keras#19246"``.
+    """
     with _LOCK:
         entry = _APPLIED.pop(issue, None)
         if entry is not None:
@@ -362,4 +369,5 @@ __all__ = [
     "disabled",
     "needed_for",
     "status",
+    "undo",
 ]

@@ -29,6 +29,7 @@ Verified on Keras 3.15.1 (TensorFlow 2.21); the loop is unchanged on Keras maste
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import itertools
 import textwrap
@@ -252,6 +253,9 @@ def _compile_factory(original: Any) -> Any:
     except (TypeError, ValueError):
         signature = None
 
+    # functools.wraps also copies Keras' own marks (``_is_default``: load_model compiles a
+    # model from its saved config only when compile is Keras' default one).
+    @functools.wraps(original)
     def compile(self: Any, *args: Any, **kwargs: Any) -> Any:
         if signature is not None:
             try:
@@ -262,7 +266,6 @@ def _compile_factory(original: Any) -> Any:
                 check_steps_per_execution(bound.arguments["steps_per_execution"])
         return original(self, *args, **kwargs)
 
-    compile.__doc__ = original.__doc__
     compile._tfdp_workaround = ISSUE  # type: ignore[attr-defined]
     return compile
 
@@ -274,7 +277,10 @@ def install(trainer: ModuleType) -> tuple[str, list[Patch]]:
     and Keras' own errors for 0, -1, 2.5 or ``"auto"`` name neither the argument nor the fix.
     """
     cls = trainer.TensorFlowTrainer
-    check = set_attribute(cls, "compile", _compile_factory(cls.compile))
+    # On the class that defines compile (Keras' Trainer): load_model compiles a restored
+    # model only when ``type(model).compile`` is ``Trainer.compile``.
+    owner = next(c for c in cls.__mro__ if "compile" in vars(c))
+    check = set_attribute(owner, "compile", _compile_factory(owner.compile))
     if not _fixable(trainer):
         mode, patches = install_guard(trainer)
         return mode, [check, *patches]

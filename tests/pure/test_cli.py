@@ -1,0 +1,148 @@
+"""The command line without TensorFlow: report, env, and argument errors in one line.
+
+These run again with TensorFlow refused (tests/pure/test_runs_without_tensorflow.py): the
+event files are written with TensorBoard's own TensorFlow-free writer.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tensorboard.compat.proto import event_pb2, summary_pb2
+from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+from tensorboard.util import tensor_util
+
+from tfdp_utils import cli
+from tfdp_utils import throughput_tags as tags
+
+
+def write_run(folder: Path, series: dict[str, list[tuple[int, float]]]) -> Path:
+    """One event file in TensorBoard's record format (length, CRC, event, CRC), by hand."""
+    scalars = summary_pb2.SummaryMetadata(
+        plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars")
+    )
+    events = [event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2")]
+    for tag, points in series.items():
+        for step, value in points:
+            proto = tensor_util.make_tensor_proto(np.float32(value))
+            summary = summary_pb2.Summary(
+                value=[summary_pb2.Summary.Value(tag=tag, tensor=proto, metadata=scalars)]
+            )
+            events.append(event_pb2.Event(wall_time=time.time(), step=step, summary=summary))
+    data = b""
+    for event in events:
+        body = event.SerializeToString()
+        header = struct.pack("<Q", len(body))
+        data += header + struct.pack("<I", masked_crc32c(header))
+        data += body + struct.pack("<I", masked_crc32c(body))
+    folder.mkdir(parents=True)
+    path = folder / "events.out.tfevents.1.localhost"
+    path.write_bytes(data)
+    return path
+
+
+@pytest.fixture
+def logs(tmp_path: Path) -> Path:
+    steps = [20, 40, 60, 64]
+    write_run(
+        tmp_path / tags.GLOBAL_RUN,
+        {
+            tags.EXAMPLES_PER_SEC: [(s, 1000.0 + s) for s in steps],
+            tags.STEPS_PER_SEC: [(s, (1000.0 + s) / 64) for s in steps],
+            tags.EXAMPLES: [(s, 64.0 * s) for s in steps],
+        },
+    )
+    write_run(tmp_path / tags.replica_run(0), {tags.EXAMPLES_PER_SEC: [(s, 500.0) for s in steps]})
+    write_run(tmp_path / tags.replica_run(1), {tags.EXAMPLES_PER_SEC: [(s, 520.0) for s in steps]})
+    return tmp_path
+
+
+def test_report_json_agrees_with_the_table(logs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["report", str(logs)]) == 0
+    table = capsys.readouterr().out
+    assert cli.main(["report", str(logs), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    row = next(line.split() for line in table.splitlines() if line.startswith(tags.GLOBAL_RUN))
+    figures = data["runs"][tags.GLOBAL_RUN]
+    rates = figures["examples_per_sec"]
+    assert int(row[1]) == figures["windows"] == 4
+    assert [float(v.replace(",", "")) for v in row[2:5]] == [
+        pytest.approx(rates["median"], abs=0.05),
+        pytest.approx(rates["min"], abs=0.05),
+        pytest.approx(rates["max"], abs=0.05),
+    ]
+    assert rates["median"] == pytest.approx(1050.0)  # the written values: 1020..1064
+    assert int(row[-1].replace(",", "")) == figures["examples"] == 64 * 64
+    skew = data["replica_skew"]
+    assert skew == pytest.approx(20 / 520)
+    assert f"{100 * skew:.1f}%" in table
+
+
+def test_a_corrupt_event_file_is_named_and_fails(
+    logs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = logs / tags.replica_run(1)
+    (path,) = bad.glob("*tfevents*")
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte inside a record
+    path.write_bytes(bytes(data))
+    assert cli.main(["report", str(logs)]) == 1
+    captured = capsys.readouterr()
+    assert f"{path}: corrupt: record" in captured.err
+    assert tags.GLOBAL_RUN in captured.out  # the intact runs are still reported
+
+
+def test_a_partial_last_record_is_noted_not_failed(
+    logs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (path,) = (logs / tags.GLOBAL_RUN).glob("*tfevents*")
+    path.write_bytes(path.read_bytes()[:-5])  # a writer caught mid-record
+    assert cli.main(["report", str(logs), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert "ends in a partial record" in captured.err
+    assert json.loads(captured.out)["event_file_problems"]
+
+
+def test_demo_help_shows_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        cli.main(["demo", "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    for default in ("(default: 5)", "(default: 2)", "(default: 64)", "(default: mlp)"):
+        assert default in out, default
+
+
+@pytest.mark.parametrize("argv", [["--epochs", "0"], ["--batch-size", "x"], ["--replicas", "-2"]])
+def test_demo_argument_errors_are_one_line(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as done:
+        cli.main(["demo", *argv])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert f"argument {argv[0]}: expected a whole number >= 1" in err
+
+
+def test_env_without_tensorflow_reports_it(tmp_path: Path) -> None:
+    (tmp_path / "tensorflow.py").write_text("raise ImportError('No module named tensorflow')\n")
+    code = (
+        f"import sys; sys.path.insert(0, {str(tmp_path)!r})\n"
+        "from tfdp_utils import cli\n"
+        "raise SystemExit(cli.main(['env']))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert "- TensorFlow: not installed" in result.stdout
+    assert "No module named tensorflow" in result.stdout
+    assert "pip install 'tfdp-utils[cpu]'" in result.stdout
