@@ -18,7 +18,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import tfdp_utils as tdu
 from tfdp_utils import fit_binding
 from tfdp_utils import throughput_tags as tags
-from tfdp_utils._tf import keras
+from tfdp_utils._tf import IS_KERAS3, keras
 from tfdp_utils.callbacks import ThroughputLogger
 
 pytestmark = pytest.mark.keras
@@ -33,7 +33,11 @@ def strategy_of(replicas: int) -> Any:
 
 
 class CountingModel(keras.Model):  # type: ignore[misc]
-    """A linear model that counts, in a variable, the examples its train step receives."""
+    """A linear model that counts, in a variable, the examples it is trained on.
+
+    Counted in ``call`` with ``training=True`` (what every train step runs, also
+    tdu.enable_gradient_accumulation's): one copy per replica, summed when read.
+    """
 
     def __init__(self) -> None:
         super().__init__()
@@ -46,12 +50,10 @@ class CountingModel(keras.Model):  # type: ignore[misc]
             aggregation=tf.VariableAggregation.SUM,
         )
 
-    def call(self, x: Any) -> Any:
+    def call(self, x: Any, training: Any = None) -> Any:
+        if training:
+            self.seen.assign_add(tf.cast(tf.shape(x)[0], tf.int64))
         return self.dense(x)
-
-    def train_step(self, data: Any) -> Any:
-        self.seen.assign_add(tf.cast(tf.shape(data[0])[0], tf.int64))
-        return super().train_step(data)
 
 
 def make_model(strategy: Any) -> Any:
@@ -219,3 +221,37 @@ def test_an_endless_source_without_steps_says_so() -> None:
     model = make_model(strategy)
     with pytest.raises(fit_binding.EndlessEpochError, match="the steps you want per epoch"):
         model.fit(endless, epochs=1, verbose=0)
+
+
+@pytest.mark.parametrize("replicas", [1, 2], ids=["1rep", "2rep"])
+def test_counts_stay_exact_under_gradient_accumulation(replicas: int, tmp_path: Path) -> None:
+    # 1,000 examples at 64 per micro-batch: 16 micro-batches an epoch, 2 per update.
+    strategy = strategy_of(replicas)
+    if replicas == 2:
+        tdu.compat.apply_for_strategy(strategy)  # keras#20582 under MirroredStrategy
+    dist = tdu.build_distributed_dataset(
+        arrays(TRAIN, 7), strategy=strategy, global_batch_size=BATCH
+    )
+    with strategy.scope():
+        model = CountingModel()
+        model.build((None, 4))
+        if IS_KERAS3:
+            optimizer = keras.optimizers.SGD(0.01, gradient_accumulation_steps=2)
+        else:
+            optimizer = keras.optimizers.SGD(0.01)
+        model.compile(optimizer=optimizer, loss="mse")
+    if not IS_KERAS3:
+        tdu.enable_gradient_accumulation(model, 2)
+    logger = ThroughputLogger(tmp_path, log_every_n_steps=4, warmup_steps=2)
+    model.fit(dist, epochs=2, verbose=0, callbacks=[logger])
+    summary = logger.summary()
+    assert int(model.seen.numpy()) == 2 * TRAIN == summary["examples"]
+    assert int(model.optimizer.iterations.numpy()) == 16  # updates
+    assert summary["step"] == 32  # micro-batches, the step axis
+    assert summary["accumulation_steps"] == 2
+    assert summary["updates_per_sec"] == pytest.approx(summary["steps_per_sec"] / 2)
+    assert last_event(tmp_path / tags.GLOBAL_RUN, tags.EXAMPLES) == (32, 2000.0)
+    acc = EventAccumulator(str(tmp_path / tags.GLOBAL_RUN), size_guidance={"tensors": 0})
+    acc.Reload()
+    described = acc.SummaryMetadata(tags.STEPS_PER_SEC).summary_description
+    assert "micro-batches (gradient accumulation: 2 per optimizer update" in described

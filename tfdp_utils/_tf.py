@@ -182,6 +182,18 @@ def accept_tensor_logs(callback: Any) -> None:
     callback._supports_tf_logs = True
 
 
+def optimizer_batch_counter(optimizer: Any) -> Any:
+    """The variable counting every batch an optimizer was applied to, accumulation or not.
+
+    Keras 3 optimizers with ``gradient_accumulation_steps=k`` report ``iterations`` as
+    updates (their batch counter floor-divided by k); the batch counter itself is the
+    private ``_iterations``. Without accumulation (and on tf_keras) it is ``iterations``.
+    """
+    if getattr(optimizer, "gradient_accumulation_steps", None):
+        return getattr(optimizer, "_iterations", optimizer.iterations)
+    return optimizer.iterations
+
+
 __all__ = [
     "IS_KERAS3",
     "KERAS_FLAVOUR",
@@ -197,6 +209,7 @@ __all__ = [
     "in_multi_worker_mode",
     "input_context",
     "keras",
+    "optimizer_batch_counter",
     "runtime_initialized",
     "tensorflow_flavour",
     "tf",

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tfdp_utils import mixed_precision
-from tfdp_utils._tf import IS_KERAS3, keras, tf
+from tfdp_utils._tf import IS_KERAS3, keras, optimizer_batch_counter, tf
 from tfdp_utils._validate import positive_int
 
 
@@ -161,4 +161,34 @@ def enable_gradient_accumulation(model: Any, accumulation_steps: int) -> Any:
     return model
 
 
-__all__ = ["GradientAccumulator", "enable_gradient_accumulation", "in_cross_replica_cond"]
+def accumulation_steps(model: Any) -> int:
+    """Batches per optimizer update in ``fit``: Keras 3's ``gradient_accumulation_steps``,
+    :func:`enable_gradient_accumulation`'s k on tf_keras, else 1."""
+    state = getattr(model, "_tfdp_accumulation", None)
+    if isinstance(state, _FitState):
+        return state.steps
+    optimizer = getattr(model, "optimizer", None)
+    return int(getattr(optimizer, "gradient_accumulation_steps", None) or 1)
+
+
+def batches_trained(model: Any) -> int:
+    """Batches (micro-batches under accumulation) ``fit`` has trained the model on.
+
+    ``optimizer.iterations`` counts updates; under accumulation every update covers k
+    batches, and batches since the last update are pending in the accumulators.
+    """
+    optimizer = model.optimizer
+    state = getattr(model, "_tfdp_accumulation", None)
+    if isinstance(state, _FitState):
+        pending = round(float(state.accumulator.examples.numpy()))
+        return int(optimizer.iterations.numpy()) * state.steps + pending
+    return int(optimizer_batch_counter(optimizer).numpy())
+
+
+__all__ = [
+    "GradientAccumulator",
+    "accumulation_steps",
+    "batches_trained",
+    "enable_gradient_accumulation",
+    "in_cross_replica_cond",
+]

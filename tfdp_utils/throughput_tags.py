@@ -95,7 +95,8 @@ class TagSpec:
         run: the kind of run that carries it.
         tag: the TensorBoard tag.
         description: what TensorBoard shows for it, as a ``str.format`` template. Fields:
-            ``timing`` (:func:`window_timing`), ``counted`` (:func:`count_origin`),
+            ``timing`` (:func:`window_timing`), ``steps`` (:func:`step_unit`),
+            ``counted`` (:func:`count_origin`),
             ``exactness`` (:func:`replica_split`), ``device`` (a device name).
     """
 
@@ -113,7 +114,7 @@ SCHEMA: tuple[TagSpec, ...] = (
         EXAMPLES_PER_SEC,
         "Measured: examples trained per second, all replicas, {timing}.",
     ),
-    TagSpec("global", STEPS_PER_SEC, "Measured: optimizer steps per second {timing}."),
+    TagSpec("global", STEPS_PER_SEC, "Measured: {steps} per second {timing}."),
     TagSpec(
         "global",
         FLOPS_PER_SEC,
@@ -139,9 +140,7 @@ SCHEMA: tuple[TagSpec, ...] = (
         "epoch's first step on this host: the input iterator's rebuild and prefetch, and "
         "other callbacks' epoch-end work. Left out of every window's rate.",
     ),
-    TagSpec(
-        "worker", STEPS_PER_SEC, "Measured: this worker's optimizer steps per second {timing}."
-    ),
+    TagSpec("worker", STEPS_PER_SEC, "Measured: this worker's {steps} per second {timing}."),
     TagSpec(
         "worker",
         EXAMPLES_PER_SEC,
@@ -185,9 +184,23 @@ def describe(run: str, tag: str, **fields: str) -> str:
 def window_timing(log_every_n_steps: int) -> str:
     """The ``timing`` field: what a window's rate is measured over."""
     return (
-        f"over the last window (about {log_every_n_steps} optimizer steps; the last window of "
+        f"over the last window (about {log_every_n_steps} steps; the last window of "
         "a fit may be shorter), wall time on this worker's host clock at log points, "
         "validation and epoch starts excluded"
+    )
+
+
+def step_unit(accumulation_steps: int = 1) -> str:
+    """The ``steps`` field: what one step is (an update, or a micro-batch under accumulation).
+
+    The step axis of every series counts the batches ``fit`` trained on: optimizer updates,
+    or under gradient accumulation micro-batches, ``accumulation_steps`` per update.
+    """
+    if accumulation_steps <= 1:
+        return "optimizer steps"
+    return (
+        f"micro-batches (gradient accumulation: {accumulation_steps} per optimizer update, so "
+        f"updates per second are this divided by {accumulation_steps})"
     )
 
 
@@ -286,6 +299,7 @@ __all__ = [
     "parse_run",
     "replica_run",
     "replica_split",
+    "step_unit",
     "tags_of",
     "window_timing",
 ]

@@ -75,6 +75,7 @@ def test_every_description_fills_and_says_how_it_was_obtained() -> None:
         "counted": tags.count_origin(exact=True, source="a DatasetInfo"),
         "exactness": tags.replica_split(exact=True),
         "device": "GPU:0",
+        "steps": tags.step_unit(1),
     }
     runs = {"global": tags.GLOBAL_RUN, "worker": tags.worker_run(0), "replica": tags.replica_run(0)}
     for spec in tags.SCHEMA:
@@ -127,3 +128,8 @@ def test_a_job_layout_charts_only_what_it_writes() -> None:
         tags.WORKER_STEPS_PER_SEC_MAX,
         tags.WORKER_SKEW,
     }
+
+
+def test_step_unit_says_what_a_step_is() -> None:
+    assert tags.step_unit(1) == "optimizer steps"
+    assert tags.step_unit(4).startswith("micro-batches (gradient accumulation: 4 per optimizer")

@@ -19,7 +19,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from tfdp_utils import _tf, dataset_info, fit_binding, topology
+from tfdp_utils import _tf, accumulation, dataset_info, fit_binding, topology
 from tfdp_utils import throughput_tags as tags
 from tfdp_utils._tf import keras, tf
 from tfdp_utils._validate import boolean, positive_int
@@ -143,6 +143,7 @@ class FitState:
     clock: PausableClock
     log_every_n_steps: int
     warmup_steps: int
+    accumulation_steps: int = 1  # batches per optimizer update (gradient accumulation)
     next_check: int = _UNBOUNDED
     steps_in_epoch: int = _UNBOUNDED
     written_step: int = -1  # the step of the last counts written
@@ -169,7 +170,11 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
     - ``worker_<w>`` (multi-worker jobs): this worker's ``throughput/steps_per_sec`` and
       ``throughput/examples_per_sec``.
 
-    The step axis is the optimizer's iteration count. Rates cover windows of
+    The step axis counts the batches ``fit`` trained on: the optimizer's iterations, or under
+    gradient accumulation (Keras 3's ``gradient_accumulation_steps``,
+    :func:`tfdp_utils.enable_gradient_accumulation`) the micro-batches, k per update, so that
+    examples stay exact; ``steps_per_sec`` then counts micro-batches and says so, and
+    ``summary()`` adds ``updates_per_sec``. Rates cover windows of
     ``log_every_n_steps`` steps after ``warmup_steps`` warm-up steps; time spent in
     validation during ``fit`` is left out. Every ``fit`` ends with a last point at its final
     step: the exact counts, and the rate of the last (possibly shorter) window after warm-up.
@@ -349,7 +354,15 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
             flops_per_example=self.flops_per_example,
             peak_flops_per_replica=self.peak_flops_per_replica,
         )
-        fit = FitState(placement, counter, meter, PausableClock(), every, warmup)
+        fit = FitState(
+            placement,
+            counter,
+            meter,
+            PausableClock(),
+            every,
+            warmup,
+            accumulation_steps=accumulation.accumulation_steps(model),
+        )
         meter.update(step=origin, time=fit.clock.now(), replica_examples=counter.counts)
         fit.next_check = origin + (warmup or every)
         self._fit = fit
@@ -464,7 +477,9 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         return runs
 
     def _read_step(self) -> int:
-        return int(self.model.optimizer.iterations.numpy())
+        # Batches trained: optimizer updates, or micro-batches under gradient accumulation
+        # (what the dataset's layout and Keras' batch indices count).
+        return accumulation.batches_trained(self.model)
 
     def _count_to(self, fit: FitState, step: int) -> None:
         fit.counter.count_to(step)
@@ -591,22 +606,31 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         timing = tags.window_timing(fit.log_every_n_steps)
         self._write_counts(fit, window.step)
         if position.is_chief:
-            self._write_global(window, timing)
+            self._write_global(window, timing, tags.step_unit(fit.accumulation_steps))
             if worker_rates:
                 fit.last_spread = spread(worker_rates)
                 self._write_spread(fit.last_spread, window.step)
         if position.is_multi_worker:
             run = worker_run(position.index)
             local = sum(window.replica_examples_per_sec[k] for k in position.local_replicas)
-            self._put(run, tags.STEPS_PER_SEC, window.steps_per_sec, window.step, timing=timing)
+            self._put(
+                run,
+                tags.STEPS_PER_SEC,
+                window.steps_per_sec,
+                window.step,
+                timing=timing,
+                steps=tags.step_unit(fit.accumulation_steps),
+            )
             self._put(run, tags.EXAMPLES_PER_SEC, local, window.step, timing=timing)
         if self.per_replica:
             self._write_replicas(fit, window, timing)
 
-    def _write_global(self, window: ThroughputWindow, timing: str) -> None:
+    def _write_global(self, window: ThroughputWindow, timing: str, units: str) -> None:
         step = window.step
         self._put(GLOBAL_RUN, tags.EXAMPLES_PER_SEC, window.examples_per_sec, step, timing=timing)
-        self._put(GLOBAL_RUN, tags.STEPS_PER_SEC, window.steps_per_sec, step, timing=timing)
+        self._put(
+            GLOBAL_RUN, tags.STEPS_PER_SEC, window.steps_per_sec, step, timing=timing, steps=units
+        )
         if window.flops_per_sec is not None:
             self._put(GLOBAL_RUN, tags.FLOPS_PER_SEC, window.flops_per_sec, step)
         if window.mfu is not None:
@@ -651,6 +675,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
             steps_trained=final_step - fit.counter.origin,
             log_every_n_steps=fit.log_every_n_steps,
             warmup_steps=fit.warmup_steps,
+            accumulation_steps=fit.accumulation_steps,
             epoch_start_seconds=list(fit.epoch_starts),
             num_replicas=fit.placement.num_replicas,
             num_workers=position.num_workers,
@@ -669,6 +694,8 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
                 "examples_per_sec": last.examples_per_sec,
                 "steps_per_sec": last.steps_per_sec,
             }
+        if "steps_per_sec" in result and fit.accumulation_steps > 1:
+            result["updates_per_sec"] = result["steps_per_sec"] / fit.accumulation_steps
         if fit.last_spread is not None:
             low, high, skew = fit.last_spread
             result["worker_steps_per_sec"] = {"min": low, "max": high, "skew": skew}
