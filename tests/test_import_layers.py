@@ -24,6 +24,19 @@ PURE_MODULES = (
     "tfdp_utils.report",
     "tfdp_utils.dataset_info",
     "tfdp_utils.cli",
+    "tfdp_utils.waiting",
+    "tfdp_utils.xla",
+    "tfdp_utils.known_issues",
+    "tfdp_utils.doctor",
+    # The pure parts of the data package, and the package itself (its builders are lazy).
+    "tfdp_utils.data",
+    "tfdp_utils.data.sharding",
+    "tfdp_utils.data.epochs",
+    "tfdp_utils.data.diagnostics",
+    # Glue that imports TensorFlow only when first used.
+    "tfdp_utils.strategy",
+    "tfdp_utils.construction",
+    "tfdp_utils.environment",
 )
 
 BLOCKER = """
