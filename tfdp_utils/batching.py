@@ -33,11 +33,6 @@ def _strategy_name(strategy: Any) -> str:
     return name
 
 
-def check_size(value: Any, name: str, *, minimum: int = 1) -> int:
-    """``value`` as an ``int`` >= ``minimum``, else a clear error (``_validate.positive_int``)."""
-    return positive_int(value, name, minimum=minimum)
-
-
 def num_replicas_in_sync(strategy: Any = None) -> int:
     """The number of replicas that share each global batch, over all workers.
 
@@ -82,7 +77,7 @@ def global_batch_size(per_replica_batch_size: int, *, strategy: Any = None) -> i
         >>> tdu.global_batch_size(32, strategy=strategy)
         32
     """
-    size = check_size(per_replica_batch_size, "per_replica_batch_size")
+    size = positive_int(per_replica_batch_size, "per_replica_batch_size")
     return size * num_replicas_in_sync(strategy)
 
 
@@ -103,8 +98,8 @@ def split_batch_size(global_batch_size: int, num_replicas: int, *, where: str = 
         ValueError: a size is not positive, ``global_batch_size`` is smaller than
             ``num_replicas``, or not divisible by it. The message names the nearest valid sizes.
     """
-    size = check_size(global_batch_size, "global_batch_size")
-    replicas = check_size(num_replicas, "num_replicas")
+    size = positive_int(global_batch_size, "global_batch_size")
+    replicas = positive_int(num_replicas, "num_replicas")
     if size < replicas:
         raise ValueError(
             f"global_batch_size={size} is smaller than the {replicas} replicas in sync{where}: "
@@ -185,8 +180,8 @@ def scale_learning_rate(
         0.4
     """
     rate = positive_float(base_learning_rate, "base_learning_rate")
-    base = check_size(base_batch_size, "base_batch_size")
-    size = check_size(global_batch_size, "global_batch_size")
+    base = positive_int(base_batch_size, "base_batch_size")
+    size = positive_int(global_batch_size, "global_batch_size")
     if rule == "linear":
         return rate * size / base
     if rule == "sqrt":
@@ -224,8 +219,8 @@ def steps_per_epoch(
         >>> tdu.steps_per_epoch(1000, 64), tdu.steps_per_epoch(1000, 64, drop_remainder=True)
         (16, 15)
     """
-    examples = check_size(num_examples, "num_examples", minimum=0)
-    size = check_size(global_batch_size, "global_batch_size")
+    examples = positive_int(num_examples, "num_examples", minimum=0)
+    size = positive_int(global_batch_size, "global_batch_size")
     drop_remainder = boolean(drop_remainder, "drop_remainder")
     if drop_remainder:
         return examples // size
@@ -314,7 +309,7 @@ def _warmup(
 ) -> tuple[int | None, WarmupSchedule | None]:
     if warmup_epochs is None:
         if updates_per_epoch is not None:
-            check_size(updates_per_epoch, "steps_per_epoch")
+            positive_int(updates_per_epoch, "steps_per_epoch")
         return None, None
     epochs = positive_float(warmup_epochs, "warmup_epochs", unit="number of epochs")
     if learning_rate is None or base_learning_rate is None:
@@ -329,7 +324,7 @@ def _warmup(
             "received steps_per_epoch=None. Pass steps_per_epoch=tdu.steps_per_epoch("
             "num_examples, plan.effective_global_batch_size) (one step is one update)."
         )
-    updates = check_size(updates_per_epoch, "steps_per_epoch")
+    updates = positive_int(updates_per_epoch, "steps_per_epoch")
     from tfdp_utils.schedules import WarmupSchedule
 
     steps = max(1, round(epochs * updates))
@@ -390,8 +385,8 @@ def plan_global_batch(
         >>> plan.per_replica_batch_size, plan.accumulation_steps, plan.learning_rate
         (512, 16, 3.2)
     """
-    target = check_size(target_global_batch_size, "target_global_batch_size")
-    max_per_replica = check_size(max_per_replica_batch_size, "max_per_replica_batch_size")
+    target = positive_int(target_global_batch_size, "target_global_batch_size")
+    max_per_replica = positive_int(max_per_replica_batch_size, "max_per_replica_batch_size")
     if strategy is None:
         strategy = tf.distribute.get_strategy()
     replicas = num_replicas_in_sync(strategy)
@@ -427,7 +422,6 @@ __all__ = [
     "SCALING_RULES",
     "GlobalBatchPlan",
     "ScalingRule",
-    "check_size",
     "global_batch_size",
     "num_replicas_in_sync",
     "per_replica_batch_size",
