@@ -60,9 +60,13 @@ def _fresh_collective_keys():
     # Several MirroredStrategy objects over different devices in one process reuse collective
     # group keys and abort ("joining a group with size 4, but that group has size 2"); TF's
     # own strategy_combinations.py moves the key base the same way between tests.
+    # Moved after each test too: a module-scoped strategy fixture is created before the next
+    # test's own move, and must not share the keys of the previous test's strategies.
     if "tensorflow" in sys.modules:
         fresh_collective_keys()
     yield
+    if "tensorflow" in sys.modules:
+        fresh_collective_keys()
 
 
 def fresh_collective_keys() -> None:
