@@ -9,12 +9,13 @@ one small stage function at a time.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from typing import Any
 
 from tfdp_utils._tf import tf
 from tfdp_utils.data.epochs import EpochPlan, StepShape, splits_last_step
-from tfdp_utils.data.sharding import MAX_PARALLEL_FILES, ShardingPlan
+from tfdp_utils.data.sharding import ShardingPlan, parallel_reads
 from tfdp_utils.data.sources import check_unbatched, dense_only, is_dataset
 
 _SEED_STRIDE = 7919  # a prime: each worker's shuffle seed is seed + stride * worker index
@@ -86,12 +87,32 @@ def _read_files(recipe: Recipe, index: int) -> Any:
     file_ds = tf.data.Dataset.from_tensor_slices(tf.constant(list(files) or [""])).take(len(files))
     if recipe.shuffle_buffer_size is not None and not recipe.keeps_order and len(files) > 1:
         file_ds = file_ds.shuffle(len(files), seed=worker_seed(recipe.seed, index))
+    # Reads wait on storage latency (cloud storage, network file systems), not on a core:
+    # one read in flight per file (up to the cap), where AUTOTUNE would stop at the core
+    # count. The private thread pool is raised to match (see reader_threads).
+    reads = parallel_reads(len(files))
     return file_ds.interleave(
         recipe.reader,
-        cycle_length=max(1, min(len(files), MAX_PARALLEL_FILES)),
-        num_parallel_calls=tf.data.AUTOTUNE,
+        cycle_length=reads,
+        num_parallel_calls=reads,
         deterministic=recipe.keeps_order,
     )
+
+
+def reader_threads(plan: ShardingPlan, cores: int | None = None) -> int | None:
+    """tf.data's private thread pool size for ``plan``, or None to keep tf.data's default.
+
+    tf.data's default pool has one thread per core, and every parallel stage of the pipeline
+    draws from it: with more reads in flight than cores, the reads would queue for threads
+    while waiting on nothing but latency. The pool then holds a thread per read in flight
+    plus one per core, so that CPU-bound stages (``map_fn``, the step split) keep a thread
+    per core beside the waiting reads. Nothing changes when the reads fit the cores.
+    """
+    if plan.source_kind != "files" or not plan.files_per_worker:
+        return None
+    cores = cores or os.cpu_count() or 1
+    reads = max(parallel_reads(len(files)) for files in plan.files_per_worker)
+    return reads + cores if reads > cores else None
 
 
 def _call_source(source: Callable[[Any], Any], context: Any) -> Any:
@@ -196,6 +217,9 @@ def _with_options(recipe: Recipe, dataset: Any, policy: Any, *, deterministic: b
     options.experimental_distribute.auto_shard_policy = policy
     if deterministic:
         options.deterministic = True
+    threads = reader_threads(recipe.plan)
+    if threads is not None and not options.threading.private_threadpool_size:
+        options.threading.private_threadpool_size = threads
     return dataset.with_options(options)
 
 
@@ -301,6 +325,7 @@ __all__ = [
     "global_dataset",
     "per_worker_dataset",
     "read",
+    "reader_threads",
     "shard_and_map",
     "split_steps",
     "step_splitter",

@@ -21,7 +21,21 @@ SourceKind = Literal["dataset", "arrays", "files", "function"]
 
 SHARD_POLICIES: tuple[str, ...] = ("auto", "file", "data", "hint", "off")
 MAX_PARALLEL_FILES = 16
-"""Files a worker reads at once (the interleave's cycle length and parallelism)."""
+"""Files a worker reads at once (the interleave's cycle length and parallelism).
+
+Reads are sized by latency, not cores: a read in flight mostly waits on storage (an object
+store or a network file system answers in tens of milliseconds), so a worker keeps one read
+per file in flight, up to this cap. With 16 reads in flight and 10 ms per record a worker
+reads ~1,600 records/s, more than one host's replicas consume in typical steps; each read
+holds a thread and an interleave buffer, so beyond the cap more files add memory and
+threads, not throughput."""
+
+
+def parallel_reads(num_files: int) -> int:
+    """Reads a worker keeps in flight for ``num_files`` files (1 .. :data:`MAX_PARALLEL_FILES`)."""
+    return max(1, min(num_files, MAX_PARALLEL_FILES))
+
+
 DEFAULT_SHUFFLE_SEED = 1234
 """Seed used when shuffling with DATA sharding and no ``seed`` was given.
 
@@ -352,6 +366,7 @@ __all__ = [
     "check_policy",
     "decide_policy",
     "file_imbalance",
+    "parallel_reads",
     "plan_from_facts",
     "shuffle_seed",
     "split_examples",
