@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from tfdp_utils.cluster import ClusterConfig, ClusterTimeoutError, cluster_task_type
     from tfdp_utils.construction import run_server
     from tfdp_utils.data import ShardingPlan, build_distributed_dataset, plan_sharding
+    from tfdp_utils.data.single_device import single_device_dataset
+    from tfdp_utils.data.splits import split_for_validation
     from tfdp_utils.dataset_info import DatasetInfo
     from tfdp_utils.environment import Environment, detect_environment
     from tfdp_utils.equivalence import (
@@ -76,6 +78,8 @@ _HOMES: dict[str, str] = {
     "plan_sharding": "tfdp_utils.data",
     "run_server": "tfdp_utils.construction",
     "scale_learning_rate": "tfdp_utils.batching",
+    "single_device_dataset": "tfdp_utils.data.single_device",
+    "split_for_validation": "tfdp_utils.data.splits",
     "steps_per_epoch": "tfdp_utils.batching",
     "worker_backup_dir": "tfdp_utils.faults",
 }
@@ -139,6 +143,8 @@ __all__ = [
     "plan_sharding",
     "run_server",
     "scale_learning_rate",
+    "single_device_dataset",
+    "split_for_validation",
     "steps_per_epoch",
     "worker_backup_dir",
 ]

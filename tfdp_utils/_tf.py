@@ -135,6 +135,14 @@ def dataset_input(dataset: Any) -> Any | None:
     return getattr(dataset, "_input_dataset", None)
 
 
+def batch_arguments(dataset: Any) -> tuple[int | None, bool]:
+    """A ``batch`` transformation's size and drop_remainder (``_batch_size``,
+    ``_drop_remainder``); None for a size that is not a constant."""
+    size = tf.get_static_value(getattr(dataset, "_batch_size", None))
+    drop = tf.get_static_value(getattr(dataset, "_drop_remainder", None))
+    return (None if size is None else int(size)), bool(drop)
+
+
 def dataset_class_name(dataset: Any) -> str:
     """The private tf.data class implementing ``dataset`` (``_MapDataset``, ``_BatchDataset``)."""
     return type(dataset).__name__
@@ -199,6 +207,7 @@ __all__ = [
     "KERAS_FLAVOUR",
     "KERAS_VERSION",
     "accept_tensor_logs",
+    "batch_arguments",
     "bump_collective_keys",
     "dataset_class_name",
     "dataset_graph_ops",

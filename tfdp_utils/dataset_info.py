@@ -40,6 +40,10 @@ class DatasetInfo:
             ``steps_per_epoch`` steps, counted from the start of iteration, repeat the same
             layout (the builder pads each worker's epoch with empty batches to keep them
             aligned). Otherwise every step of a repeating dataset is full.
+        exact: whether :meth:`examples_in_step` is what each replica receives in every step.
+            False when the builder cannot know: an epoch of unknown size ends in a partial
+            step it cannot see, or a source function batches by itself; the counts then take
+            every step as full.
     """
 
     global_batch_size: int
@@ -51,6 +55,7 @@ class DatasetInfo:
     full_steps: int | None = None
     tail: tuple[tuple[int, ...], ...] = ()
     repeat: bool = False
+    exact: bool = True
 
     def examples_in_step(self, step_in_epoch: int) -> tuple[int, ...]:
         """Examples each replica (by global replica id) receives in step ``step_in_epoch``.

@@ -12,7 +12,10 @@ The same wrappers stop an endless epoch before it starts: a builder dataset that
 end (``repeat=True``, or an infinite source) given to ``fit`` without ``steps_per_epoch`` (or as
 ``validation_data`` without ``validation_steps``, or to ``evaluate``/``predict`` without
 ``steps``) raises at once, with the number of steps that covers the data once where the builder
-knows it.
+knows it. So does a builder dataset given to a model of another strategy (one replica part per
+step for a different number of replicas: Keras would fail deep inside its step, "Only input
+tensors may be passed as positional arguments ... PerReplica"), and ``validation_split`` with a
+builder dataset (Keras splits only arrays): each error names the fix.
 """
 
 from __future__ import annotations
@@ -39,6 +42,10 @@ _DATA_AND_STEPS = {
 
 class EndlessEpochError(ValueError):
     """A dataset that never ends was given to Keras without a number of steps."""
+
+
+class StrategyMismatchError(ValueError):
+    """A builder dataset was given to a model whose strategy has another number of replicas."""
 
 
 @runtime_checkable
@@ -109,6 +116,65 @@ def check_steps(method: str, arguments: dict[str, Any]) -> None:
         raise endless_epoch_error(method, data_argument, steps_argument, info)
 
 
+def _model_replicas(model: Any) -> int | None:
+    strategy = getattr(model, "distribute_strategy", None)
+    replicas = getattr(strategy, "num_replicas_in_sync", None)
+    return int(replicas) if isinstance(replicas, int) else None
+
+
+def _is_plain_dataset(data: Any) -> bool:
+    from tfdp_utils._tf import tf
+
+    return isinstance(data, tf.data.Dataset)
+
+
+def check_strategy(method: str, model: Any, arguments: dict[str, Any]) -> None:
+    """Raise :class:`StrategyMismatchError` for a builder dataset of another strategy's replicas.
+
+    A plain ``tf.data.Dataset`` from the builder (one replica, built without a strategy) is
+    left to Keras, which distributes it itself.
+    """
+    for data_argument, _ in _DATA_AND_STEPS[method]:
+        data = arguments.get(data_argument)
+        info = info_of(data)
+        if info is None or _is_plain_dataset(data):
+            continue
+        replicas = _model_replicas(model)
+        if replicas is None or replicas == info.num_replicas_in_sync:
+            continue
+        strategy = type(getattr(model, "distribute_strategy", None)).__name__
+        runs = (
+            "without a strategy (TensorFlow's default, 1 replica)"
+            if strategy == "_DefaultDistributionStrategy"
+            else f"under {strategy} with {replicas} replica(s)"
+        )
+        raise StrategyMismatchError(
+            f"{method}() received as {data_argument}= a dataset from build_distributed_dataset "
+            f"for {info.num_replicas_in_sync} replicas, but the model runs {runs} (e.g. a "
+            "model loaded or built outside the strategy's scope), so Keras would fail inside "
+            "its step. Pass "
+            f"tdu.single_device_dataset({data_argument}) (the same data as one tf.data.Dataset "
+            "of global batches, for a model without the strategy), or load/build and compile "
+            "the model inside `with strategy.scope():` of the strategy the dataset was built "
+            "with."
+        )
+
+
+def check_validation_split(method: str, arguments: dict[str, Any]) -> None:
+    """Raise ``ValueError`` for ``fit(builder_dataset, validation_split=...)``, with the fix."""
+    split = arguments.get("validation_split")
+    data = arguments.get("x")
+    if method != "fit" or not split or info_of(data) is None:
+        return
+    raise ValueError(
+        f"fit() received validation_split={split!r} with a dataset from "
+        "build_distributed_dataset; Keras splits only arrays and tensors. Split the source "
+        "before building, as Keras splits arrays (the last fraction, before shuffling): "
+        f"train, val = tdu.split_for_validation(source, validation_split={split!r}, "
+        "strategy=strategy, global_batch_size=...), then fit(train, validation_data=val)."
+    )
+
+
 def _wrap(method: str, original: Callable[..., Any]) -> Callable[..., Any]:
     signature = inspect.signature(original)
 
@@ -119,6 +185,8 @@ def _wrap(method: str, original: Callable[..., Any]) -> Callable[..., Any]:
         except TypeError:  # let Keras word its own error for arguments it does not take
             return original(*args, **kwargs)
         check_steps(method, arguments)
+        check_validation_split(method, arguments)
+        check_strategy(method, arguments.get("self"), arguments)
         consumers = _consumers(arguments.get("callbacks")) if method == "fit" else []
         for consumer in consumers:
             consumer.bind_fit_data(arguments.get("x"))
@@ -158,7 +226,10 @@ def installed(model_class: Any = None) -> bool:
 __all__ = [
     "EndlessEpochError",
     "FitDataConsumer",
+    "StrategyMismatchError",
     "check_steps",
+    "check_strategy",
+    "check_validation_split",
     "endless_epoch_error",
     "install",
     "installed",

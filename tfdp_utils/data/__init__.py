@@ -8,7 +8,10 @@ Pure planning apart from tf.data glue, one concept per module:
 ``data/diagnostics.py``       what the builder warns about, as data (pure)
 ``data/sources.py``           what a source is: kind, files, size, reads files, batched
 ``data/pipeline.py``          the per-worker tf.data pipeline, one stage per function
+``data/self_batched.py``      sources whose elements come out of ``.batch()``
 ``data/attach.py``            ``tfdp_info`` and the epoch's step count for Keras
+``data/single_device.py``     the same data as one ``tf.data.Dataset``, for one device
+``data/splits.py``            ``split_for_validation``: Keras' ``validation_split``
 ``data/builder.py``           ``build_distributed_dataset`` and ``plan_sharding``
 ============================  =============================================================
 
@@ -45,7 +48,9 @@ from tfdp_utils.data.sharding import (
 
 if TYPE_CHECKING:
     from tfdp_utils.data.builder import build_distributed_dataset, plan_sharding
+    from tfdp_utils.data.single_device import single_device_dataset
     from tfdp_utils.data.sources import count_records, resolve_files
+    from tfdp_utils.data.splits import split_for_validation
 
 # TensorFlow name -> the module that defines it, imported on first use.
 _TF_HOMES: dict[str, str] = {
@@ -53,6 +58,8 @@ _TF_HOMES: dict[str, str] = {
     "count_records": "tfdp_utils.data.sources",
     "plan_sharding": "tfdp_utils.data.builder",
     "resolve_files": "tfdp_utils.data.sources",
+    "single_device_dataset": "tfdp_utils.data.single_device",
+    "split_for_validation": "tfdp_utils.data.splits",
 }
 
 
@@ -82,6 +89,8 @@ __all__ = [
     "file_imbalance",
     "plan_sharding",
     "resolve_files",
+    "single_device_dataset",
     "split_evenly",
     "split_examples",
+    "split_for_validation",
 ]

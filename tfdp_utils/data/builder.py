@@ -21,6 +21,7 @@ from tfdp_utils._tf import tf
 from tfdp_utils._validate import boolean, positive_int
 from tfdp_utils._validate import strategy as check_strategy
 from tfdp_utils.batching import split_batch_size
+from tfdp_utils.data import self_batched, single_device
 from tfdp_utils.data.attach import attach
 from tfdp_utils.data.diagnostics import BuildFacts, Finding, diagnose
 from tfdp_utils.data.epochs import (
@@ -42,7 +43,6 @@ from tfdp_utils.data.sharding import (
 from tfdp_utils.data.sources import (
     array_length,
     cardinality,
-    check_unbatched,
     dense_only,
     gather_facts,
     reader_dataset,
@@ -143,16 +143,21 @@ def _check_map_fn(map_fn: Any, element_spec: Any) -> None:
 
 
 def _gather(
-    source: Any, *, shard_policy: str, reader: Callable[[Any], Any], count_examples: bool
+    source: Any,
+    *,
+    shard_policy: str,
+    reader: Callable[[Any], Any],
+    count_examples: bool,
+    elements: self_batched.SourceElements = self_batched.EXAMPLES,
 ) -> tuple[Any, SourceFacts]:
-    """The source as the pipeline reads it (arrays become a Dataset), and its facts."""
+    """The source as the pipeline reads it (arrays a Dataset, batches unbatched), its facts."""
     kind = source_kind(source)
     if kind == "arrays":
         array_length(source)
         dataset = tf.data.Dataset.from_tensor_slices(source)
         return dataset, SourceFacts("arrays", num_examples=cardinality(dataset))
     if kind == "dataset":
-        check_unbatched(source, "source")
+        source = self_batched.examples_of(source, elements)
     facts = gather_facts(
         source, shard_policy=shard_policy, reader=reader, count_examples=count_examples
     )
@@ -298,6 +303,7 @@ def build_distributed_dataset(
     prefetch: bool = True,
     options: Any = None,
     count_examples: bool = False,
+    element: str = "auto",
 ) -> Any:
     """Build a distributed dataset in which every example is seen exactly once per epoch.
 
@@ -309,17 +315,22 @@ def build_distributed_dataset(
     receive empty batches in the last steps.
 
     Args:
-        source: an unbatched ``tf.data.Dataset``; numpy arrays or a tuple/dict of them; a
-            file path, list of paths or glob (read with ``reader``); or a function
-            ``fn(input_context) -> tf.data.Dataset`` returning this worker's unbatched data.
+        source: a ``tf.data.Dataset`` of examples (or of batches, see ``element``); numpy
+            arrays or a tuple/dict of them; a file path, list of paths or glob (read with
+            ``reader``); or a function ``fn(input_context) -> tf.data.Dataset`` returning this
+            worker's examples, or its per-replica batches as
+            ``Strategy.distribute_datasets_from_function`` defines them (batched with
+            ``input_context.get_per_replica_batch_size(global_batch_size)``).
         strategy: the ``tf.distribute.Strategy`` that trains. Defaults to `None`
             (``tf.distribute.get_strategy()``: the strategy in scope; outside any scope
             TensorFlow's default strategy, with one replica. A warning is logged when
             :func:`~tfdp_utils.auto_strategy` built a strategy with several replicas in this
             process: pass it, or build inside ``with strategy.scope():``).
         global_batch_size: examples per step over all replicas. Defaults to `None`.
-        per_replica_batch_size: examples per replica per step; pass exactly one of the two.
-            Defaults to `None`.
+        per_replica_batch_size: examples per replica per step; pass exactly one of the two
+            (or neither for a source of batches whose size is known: a dataset's static batch
+            size is the global one, a function's per-replica size is what it asked
+            ``input_context`` for or its batches' static size). Defaults to `None`.
         shard_policy: ``"auto"``, ``"file"``, ``"data"``, ``"hint"`` or ``"off"``.
             Defaults to `"auto"`.
         map_fn: applied to each example (after sharding, so each worker maps only its share,
@@ -345,6 +356,16 @@ def build_distributed_dataset(
         count_examples: for file sources, count the examples of every file before training
             (each worker reads every file once more), so that files are balanced by examples
             and ``tfdp_info`` has exact per-replica counts. Defaults to `False`.
+        element: what each element of a ``tf.data.Dataset`` or function source is:
+            ``"example"`` (one example, even one with a leading dimension such as a window
+            of a sequence: ``ds.batch(11, drop_remainder=True).map(split)``), ``"batch"``
+            (a batch of examples: a dataset's batches are unbatched and batched again per
+            step; a function's are per-replica batches handed to the replicas as they are,
+            and ``map_fn``, shuffling, ``cache`` and ``drop_remainder`` then belong inside
+            the function), or ``"auto"``: batches when the pipeline ends in ``.batch()``,
+            examples when it does not or a map after the batch changes its leading size,
+            and a ``ValueError`` asking which when that cannot be told. Defaults to
+            `"auto"`.
 
     Returns:
         A ``tf.distribute.DistributedDataset`` (a ``tf.data.Dataset`` under the default
@@ -355,8 +376,9 @@ def build_distributed_dataset(
     Raises:
         ValueError: both or neither batch size; a global size not divisible by, or smaller
             than, the replicas; an empty file list, a glob that matches nothing or a missing
-            file; an unknown policy; ``"file"`` on a source without files; an already-batched
-            dataset; a ``map_fn`` that cannot take the elements.
+            file; an unknown policy; ``"file"`` on a source without files; a batched source
+            whose elements cannot be told apart (``element="auto"``); a ``map_fn`` that
+            cannot take the elements.
         TypeError: an unsupported source or reader.
 
     Examples:
@@ -366,6 +388,7 @@ def build_distributed_dataset(
         >>> dist.tfdp_info.steps_per_epoch
         3
     """
+    arguments = dict(locals())  # the call, kept for single_device_dataset()
     # Validate.
     if strategy is not None:
         check_strategy(strategy)
@@ -377,9 +400,22 @@ def build_distributed_dataset(
     prefetch = boolean(prefetch, "prefetch")
     count_examples = boolean(count_examples, "count_examples")
     replicas = int(strategy.num_replicas_in_sync)
-    per_replica = _per_replica_size(global_batch_size, per_replica_batch_size, replicas, strategy)
     check_policy(shard_policy)
     position = position_of(strategy)
+    # What the source's elements are: examples, or batches (self_batched).
+    batches, source = self_batched.inspect_source(
+        source,
+        self_batched.check_element(element),
+        kind=source_kind(source),
+        context=tf.distribute.InputContext(position.num_workers, position.index, replicas),
+    )
+    if batches.kind == "batch" and source_kind(source) == "function":
+        return _function_batches(strategy, source, batches, arguments)
+    global_batch_size = self_batched.batch_size_of_batches(
+        batches, global_batch_size, per_replica_batch_size
+    )
+    per_replica = _per_replica_size(global_batch_size, per_replica_batch_size, replicas, strategy)
+    _log(self_batched.element_findings(batches, per_replica * replicas))
     shape = StepShape(per_replica, replicas, position.num_workers)
     if shuffle_buffer_size is not None:
         shuffle_buffer_size = positive_int(shuffle_buffer_size, "shuffle_buffer_size")
@@ -388,7 +424,11 @@ def build_distributed_dataset(
     repeats = check_repeat(repeat)
     # Gather facts and plan.
     source, facts = _gather(
-        source, shard_policy=shard_policy, reader=read, count_examples=count_examples
+        source,
+        shard_policy=shard_policy,
+        reader=read,
+        count_examples=count_examples,
+        elements=batches,
     )
     plan = plan_from_facts(
         facts,
@@ -434,9 +474,40 @@ def build_distributed_dataset(
         data_options=data_options,
     )
     dist = _distribute(strategy, recipe, source, input_options)
-    return attach(
-        dist, dataset_info_for(epochs, shape, repeat=repeats, infinite=facts.infinite), plan
+    info = dataset_info_for(epochs, shape, repeat=repeats, infinite=facts.infinite)
+    return single_device.remember(attach(dist, info, plan), arguments, self_batching=False)
+
+
+def _function_batches(
+    strategy: Any,
+    source: Callable[[Any], Any],
+    elements: self_batched.SourceElements,
+    arguments: dict[str, Any],
+) -> Any:
+    """A ``fn(input_context)`` source that batches itself: its batches go to the replicas."""
+    self_batched.check_function_options(arguments)
+    replicas = int(strategy.num_replicas_in_sync)
+    per_replica = self_batched.function_batch_size(
+        elements,
+        global_batch_size=arguments["global_batch_size"],
+        per_replica_batch_size=arguments["per_replica_batch_size"],
+        replicas=replicas,
     )
+    data_options, input_options = _split_options(arguments["options"])
+    dist, info, plan, findings = self_batched.distribute_function_batches(
+        strategy,
+        source,
+        elements,
+        per_replica=per_replica,
+        num_workers=position_of(strategy).num_workers,
+        shard_policy=arguments["shard_policy"],
+        repeat=check_repeat(arguments["repeat"]),
+        prefetch=boolean(arguments["prefetch"], "prefetch"),
+        data_options=data_options,
+        input_options=input_options,
+    )
+    _log(findings)
+    return single_device.remember(attach(dist, info, plan), arguments, self_batching=True)
 
 
 def _check_cache(cache: Any) -> bool | str:

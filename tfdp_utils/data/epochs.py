@@ -288,6 +288,8 @@ def dataset_info_for(
         full_steps=None if layout is None else layout.full_steps,
         tail=() if layout is None else layout.tail,
         repeat=bool(repeat or infinite),
+        # Without a layout only a dataset that never ends an epoch has every step full.
+        exact=layout is not None or bool(repeat or infinite),
     )
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from tfdp_utils._tf import tf
 from tfdp_utils.data.epochs import EpochPlan, StepShape, splits_last_step
 from tfdp_utils.data.sharding import ShardingPlan, parallel_reads
-from tfdp_utils.data.sources import check_unbatched, dense_only, is_dataset
+from tfdp_utils.data.sources import dense_only, is_dataset
 
 _SEED_STRIDE = 7919  # a prime: each worker's shuffle seed is seed + stride * worker index
 
@@ -123,7 +123,6 @@ def _call_source(source: Callable[[Any], Any], context: Any) -> Any:
             "tf.data.Dataset for input pipeline "
             f"{context.input_pipeline_id} of {context.num_input_pipelines}."
         )
-    check_unbatched(dataset, "the dataset returned by the source function")
     return dataset
 
 
