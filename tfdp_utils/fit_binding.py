@@ -97,7 +97,7 @@ def endless_epoch_error(
         )
     return EndlessEpochError(
         f"{method}() received a dataset from build_distributed_dataset that never ends "
-        f"(repeat={'True' if info.repeat else info.repeat!r} or an infinite source) as "
+        "(repeat=True, or an infinite source) as "
         f"{data_argument}= and no {steps_argument}=, so its epoch would never end. {fix}, or "
         "build the dataset with repeat=False (one pass per epoch; Keras then re-iterates it "
         "every epoch) or repeat='epochs'."

@@ -342,7 +342,8 @@ class DistributedTrainStep:
 
 def _check_objects(model: Any, optimizer: Any) -> None:
     """Clear errors for a model or optimizer given by name (fit takes names; a step cannot)."""
-    if not hasattr(model, "trainable_variables") or not callable(model):
+    # Looked up on the class: tf_keras raises from the property on a model not built yet.
+    if not hasattr(type(model), "trainable_variables") or not callable(model):
         raise TypeError(
             f"model must be a Keras model, but received {model!r} of type "
             f"{type(model).__name__}. Build the model under strategy.scope() and pass it."
