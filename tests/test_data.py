@@ -547,7 +547,7 @@ def test_tf_keras_needs_the_dataset_steps_patch() -> None:
     # A repeating dataset still needs steps_per_epoch (tfdp_utils.fit_binding says so first,
     # with the count; tf_keras' own error names no number).
     endless = build_distributed_dataset((x, x), strategy=strategy, global_batch_size=4, repeat=True)
-    with pytest.raises(ValueError, match="never ends .* Pass steps_per_epoch=2 "):
+    with pytest.raises(ValueError, match=r"never ends .* Pass steps_per_epoch=2 "):
         model.fit(endless, epochs=1, verbose=0)
 
 
