@@ -1,4 +1,4 @@
-"""The ``tfdp-utils`` command: ``env``, ``doctor``, ``demo`` and ``report``."""
+"""The ``tfdp-utils`` command: ``env``, ``doctor``, ``demo``, ``report`` and ``data-service``."""
 
 from __future__ import annotations
 
@@ -174,6 +174,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo_parser = sub.add_parser("demo", help="train the tutorial's model data-parallel")
     demo.add_arguments(demo_parser)
     demo_parser.set_defaults(func=demo.run_from_args)
+
+    from tfdp_utils.data import service_servers  # imports TensorFlow only when a server starts
+
+    service_parser = sub.add_parser(
+        "data-service",
+        help="start a tf.data service dispatcher or worker (reads and map_fn off the trainer)",
+    )
+    service_servers.add_arguments(service_parser)
 
     report_module = _optional_report()
     if report_module is not None:

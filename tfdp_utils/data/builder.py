@@ -33,6 +33,8 @@ from tfdp_utils.data.epochs import (
     plan_epochs,
 )
 from tfdp_utils.data.pipeline import Recipe, global_dataset, per_worker_dataset
+from tfdp_utils.data.service import check_service, service_plan
+from tfdp_utils.data.service import distribute as distribute_with_service
 from tfdp_utils.data.sharding import (
     ShardingPlan,
     SourceFacts,
@@ -226,6 +228,8 @@ def plan_sharding(
     drop_remainder: bool = False,
     reader: Callable[[Any], Any] | None = None,
     count_examples: bool = False,
+    service: str | None = None,
+    service_mode: str = "synchronous",
 ) -> ShardingPlan:
     """Decide how ``source`` is split between workers, without building anything.
 
@@ -246,6 +250,10 @@ def plan_sharding(
         reader: as for the builder. Defaults to `None` (``tf.data.TFRecordDataset``).
         count_examples: count the examples of file sources (reads every file once), so the
             plan knows examples and steps per worker. Defaults to `False`.
+
+        service: as for the builder: the plan then says what the service reads and
+            what it guarantees. Defaults to `None`.
+        service_mode: as for the builder. Defaults to `"synchronous"`.
 
     Returns:
         A :class:`ShardingPlan`.
@@ -276,7 +284,7 @@ def plan_sharding(
     facts = gather_facts(
         source, shard_policy=shard_policy, reader=reader, count_examples=count_examples
     )
-    return plan_from_facts(
+    plan = plan_from_facts(
         facts,
         shard_policy=shard_policy,
         num_workers=workers,
@@ -284,6 +292,8 @@ def plan_sharding(
         replicas_per_worker=max(1, replicas // workers),
         drop_remainder=drop_remainder,
     )
+    config = check_service(service, service_mode, service_timeout=None)
+    return plan if config is None else service_plan(plan, config)
 
 
 def build_distributed_dataset(
@@ -303,6 +313,9 @@ def build_distributed_dataset(
     prefetch: bool = True,
     options: Any = None,
     count_examples: bool = False,
+    service: str | None = None,
+    service_mode: str = "synchronous",
+    service_timeout: float | None = None,
     element: str = "auto",
 ) -> Any:
     """Build a distributed dataset in which every example is seen exactly once per epoch.
@@ -366,6 +379,18 @@ def build_distributed_dataset(
             examples when it does not or a map after the batch changes its leading size,
             and a ``ValueError`` asking which when that cannot be told. Defaults to
             `"auto"`.
+        service: the address of a tf.data service dispatcher (``"grpc://host:port"``,
+            e.g. from ``tfdp-utils data-service dispatcher``): reading and ``map_fn`` run on
+            its service workers instead of this process. Defaults to `None` (no service).
+        service_mode: ``"synchronous"``: each worker's planned share is split between the
+            service workers and batched here, so every example is seen once per epoch with
+            equal steps and exact counts, as without the service; or ``"distributed_epoch"``:
+            tf.data's own dynamic split of the whole source, batched on the service (one
+            trainer worker only; steps per epoch unknown). See :mod:`tfdp_utils.data.service`.
+            Defaults to `"synchronous"`.
+        service_timeout: seconds to wait for the service to answer before the dataset is
+            returned, and for data during training (then the process ends with the reason).
+            Defaults to `None` (``TFDP_SERVICE_TIMEOUT``, else 300).
 
     Returns:
         A ``tf.distribute.DistributedDataset`` (a ``tf.data.Dataset`` under the default
@@ -399,6 +424,7 @@ def build_distributed_dataset(
     drop_remainder = boolean(drop_remainder, "drop_remainder")
     prefetch = boolean(prefetch, "prefetch")
     count_examples = boolean(count_examples, "count_examples")
+    service_config = check_service(service, service_mode, service_timeout)
     replicas = int(strategy.num_replicas_in_sync)
     check_policy(shard_policy)
     position = position_of(strategy)
@@ -423,6 +449,7 @@ def build_distributed_dataset(
     read = reader or tf.data.TFRecordDataset
     repeats = check_repeat(repeat)
     # Gather facts and plan.
+    raw_source = source  # arrays stay arrays for the service
     source, facts = _gather(
         source,
         shard_policy=shard_policy,
@@ -438,6 +465,8 @@ def build_distributed_dataset(
         replicas_per_worker=shape.replicas_per_worker,
         drop_remainder=drop_remainder,
     )
+    if service_config is not None:
+        plan = service_plan(plan, service_config, cache=cache)
     elements = _Elements(source, facts, read, map_fn)
     dense = elements.check(plan, position.index, repeats, drop_remainder, shape)
     epochs = plan_epochs(
@@ -473,7 +502,12 @@ def build_distributed_dataset(
         prefetch=prefetch,
         data_options=data_options,
     )
-    dist = _distribute(strategy, recipe, source, input_options)
+    if service_config is None:
+        dist = _distribute(strategy, recipe, source, input_options)
+    else:
+        dist = distribute_with_service(
+            strategy, recipe, source, raw_source, input_options, service_config
+        )
     info = dataset_info_for(epochs, shape, repeat=repeats, infinite=facts.infinite)
     return single_device.remember(attach(dist, info, plan), arguments, self_batching=False)
 

@@ -1,0 +1,521 @@
+"""The tf.data service: reads and ``map_fn`` on other machines, with the builder's guarantees.
+
+``build_distributed_dataset(..., service="grpc://host:port")`` moves the expensive part of the
+pipeline (reading and ``map_fn``) to tf.data service workers (``tfdp-utils data-service
+worker``) and keeps the rest on the trainer. Two modes:
+
+* ``"synchronous"`` (the default): each trainer's share is the one the builder plans without
+  the service (its own files under FILE, every W-th example of the arrays under DATA). The
+  service splits that share dynamically between its workers (``distributed_epoch`` over a
+  job this trainer alone reads), so each example of the share is read and mapped by exactly
+  one service worker per epoch; the trainer then shuffles, batches, splits and pads as it
+  always does. Every example once per epoch, equal steps on every worker and replica, and
+  the same exact counts as without the service.
+* ``"distributed_epoch"``: tf.data's own mode. The whole source is split dynamically between
+  the service workers and batched there (whole steps); one trainer reads the epoch, each
+  example once, with a partial step wherever a service worker's share ends, so the steps per
+  epoch and per-step counts are not known in advance (counts are derived). Refused under
+  several trainer workers: dynamic shares give them different step counts and
+  MultiWorkerMirroredStrategy would hang at the epoch end.
+
+Why not coordinated reads (``consumer_index``/``num_consumers``): they need an endless dataset
+and hand each round to every consumer from one service worker, so with dynamic shares an
+epoch cannot be exactly the examples of one pass; without them (every service worker reads
+everything) each example comes once per service worker.
+
+Nothing in TensorFlow bounds a wait on the service: a trainer whose dispatcher is missing, or
+that has no service worker, or whose service worker died holding part of the epoch, waits
+forever. The builder checks the service before returning (a dispatcher that accepts a
+connection and a probe element served by a worker, both within ``service_timeout``), and
+:class:`ServiceWatch` ends a trainer that received nothing from the service for
+``service_timeout`` seconds while it waited for data, logging what it waits for every 30 s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any, Literal
+
+from tfdp_utils._tf import tf
+from tfdp_utils._validate import env_seconds, positive_float, text
+from tfdp_utils.data.epochs import splits_last_step
+from tfdp_utils.data.pipeline import (
+    Recipe,
+    _with_options,
+    batch,
+    cache_and_shuffle,
+    empty_batch,
+    shard_and_map,
+    split_steps,
+)
+from tfdp_utils.data.sharding import ShardingPlan, parallel_reads
+from tfdp_utils.data.sources import dense_only
+from tfdp_utils.waiting import WaitProgress
+
+logger = logging.getLogger("tfdp_utils")
+
+ServiceMode = Literal["synchronous", "distributed_epoch"]
+SERVICE_MODES: tuple[str, ...] = ("synchronous", "distributed_epoch")
+DEFAULT_SERVICE_TIMEOUT = 300.0
+"""Seconds a trainer waits for the service: to answer at start, and for data while training."""
+SERVICE_TIMEOUT_VARIABLE = "TFDP_SERVICE_TIMEOUT"
+"""Environment variable that replaces :data:`DEFAULT_SERVICE_TIMEOUT`."""
+_CHANGE = f"build_distributed_dataset(service_timeout=SECONDS) or {SERVICE_TIMEOUT_VARIABLE}"
+
+
+class ServiceTimeoutError(TimeoutError):
+    """The tf.data service did not answer, or sent nothing, within ``service_timeout``."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ServiceConfig:
+    """Where the tf.data service is and how the builder uses it.
+
+    Attributes:
+        address: ``grpc://host:port`` of the dispatcher.
+        host: the dispatcher's host.
+        port: the dispatcher's port.
+        mode: ``"synchronous"`` or ``"distributed_epoch"``.
+        timeout: seconds to wait for the service (see :data:`DEFAULT_SERVICE_TIMEOUT`).
+    """
+
+    address: str
+    host: str
+    port: int
+    mode: ServiceMode
+    timeout: float
+
+
+def check_service(
+    service: Any, service_mode: Any, service_timeout: Any, environ: Any = None
+) -> ServiceConfig | None:
+    """The :class:`ServiceConfig` for the builder's arguments, None without a service.
+
+    Raises:
+        TypeError, ValueError: an address that is not ``[grpc://]host:port``, an unknown
+            mode, a timeout that is not a positive number of seconds.
+    """
+    if service is None:
+        return None
+    fix = "Pass the dispatcher's address, e.g. service='grpc://10.0.0.5:5050'."
+    address = text(service, "service", hint=fix).strip()
+    protocol, sep, rest = address.partition("://")
+    if not sep:
+        protocol, rest = "grpc", address
+    host, colon, port_text = rest.rpartition(":")
+    if protocol != "grpc" or not colon or not host or not port_text.isdigit():
+        raise ValueError(
+            f"service={service!r} is not a tf.data service dispatcher address; expected "
+            f"'grpc://host:port' (the only protocol tfdp-utils' servers speak). {fix}"
+        )
+    port = int(port_text)
+    if not 0 < port < 65536:
+        raise ValueError(f"service={service!r} has port {port}, outside 1..65535. {fix}")
+    if service_mode not in SERVICE_MODES:
+        raise ValueError(
+            f"service_mode={service_mode!r} is not a tf.data service mode; expected one of "
+            f"{', '.join(repr(m) for m in SERVICE_MODES)}. 'synchronous' keeps every example "
+            "once per epoch and equal steps on every worker."
+        )
+    if service_timeout is None:
+        source = os.environ if environ is None else environ
+        raw = source.get(SERVICE_TIMEOUT_VARIABLE, "").strip()
+        timeout = (
+            env_seconds(SERVICE_TIMEOUT_VARIABLE, raw, example=DEFAULT_SERVICE_TIMEOUT)
+            if raw
+            else DEFAULT_SERVICE_TIMEOUT
+        )
+        timeout = positive_float(timeout, SERVICE_TIMEOUT_VARIABLE, unit="number of seconds")
+    else:
+        timeout = positive_float(
+            service_timeout,
+            "service_timeout",
+            unit="number of seconds",
+            hint=f"Pass e.g. service_timeout={DEFAULT_SERVICE_TIMEOUT:g}.",
+        )
+    mode: ServiceMode = "synchronous" if service_mode == "synchronous" else "distributed_epoch"
+    return ServiceConfig(f"grpc://{host}:{port}", host, port, mode, timeout)
+
+
+# ------------------------------------------------------------------------------- the plan
+
+
+def service_plan(
+    plan: ShardingPlan, config: ServiceConfig, *, cache: bool | str = False
+) -> ShardingPlan:
+    """``plan`` as the service reads it, with the guarantee in its reason.
+
+    Raises:
+        ValueError: a combination the service cannot give the builder's guarantees for.
+    """
+    where = f"tf.data service {config.address} ({config.mode})"
+    if cache:
+        raise ValueError(
+            f"cache={cache!r} with service={config.address!r}: the cache would hold the "
+            "service's output on the trainer, so later epochs would not use the service. "
+            "Pass cache=False with service=, or no service to cache locally."
+        )
+    if config.mode == "distributed_epoch":
+        if plan.num_workers > 1:
+            raise ValueError(
+                f"service_mode='distributed_epoch' with {plan.num_workers} trainer workers: "
+                "the service hands each trainer a dynamic share, so the trainers would run "
+                "different numbers of steps and MultiWorkerMirroredStrategy would hang at the "
+                "end of the epoch. Use service_mode='synchronous' (each trainer's share split "
+                "between the service workers, equal steps), or one trainer worker."
+            )
+        size = "" if plan.num_examples is None else f" ({plan.num_examples} examples)"
+        reason = (
+            f"{where}: the whole source{size} split dynamically between the service workers "
+            "and batched there; each example once per epoch, but each service worker's share "
+            "ends in a partial step, so steps per epoch and per-step counts are not known "
+            "(counts derived, every step taken as full)"
+        )
+        return dataclasses.replace(
+            plan, reason=reason, examples_per_worker=None, steps_per_worker=None
+        )
+    if plan.num_workers > 1 and plan.policy == "data" and plan.source_kind != "arrays":
+        what = "files (fewer files than workers)" if plan.source_kind == "files" else "a dataset"
+        raise ValueError(
+            f"service={config.address!r} on {plan.num_workers} trainer workers needs a share "
+            f"per trainer that the service can split, but the source is {what}, which every "
+            "trainer would read whole and thin out (DATA). Pass at least as many files as "
+            "trainer workers, numpy arrays, or a fn(input_context) source that returns each "
+            "trainer's own splittable dataset (e.g. from Dataset.list_files)."
+        )
+    if plan.policy == "hint" or (plan.policy == "file" and plan.source_kind == "dataset"):
+        raise ValueError(
+            f"shard_policy={plan.policy!r} on a tf.data.Dataset with service=: tf.data's own "
+            "autoshard cannot run inside the service. Pass file paths as source (the builder "
+            "then gives each trainer its own files), or shard_policy='auto'."
+        )
+    reason = (
+        f"{plan.reason}; read and mapped by the {where}: each trainer's share is split "
+        "dynamically between the service workers (each example read by exactly one of them "
+        "per epoch) and batched on the trainer, so every example is seen once per epoch with "
+        "equal steps on every worker; nothing is dropped or repeated unless a service worker "
+        "fails, which ends the trainer within service_timeout"
+    )
+    return dataclasses.replace(plan, reason=reason)
+
+
+# ------------------------------------------------------------------------ bounded waits
+
+
+def wait_for_service(config: ServiceConfig, *, interval: float | None = None) -> None:
+    """Return once the dispatcher answers and a service worker serves a probe element.
+
+    Raises:
+        ServiceTimeoutError: nothing within ``config.timeout`` seconds; the message says
+            which of the two, the bound and how to change it.
+    """
+    deadline = time.monotonic() + config.timeout
+    progress = WaitProgress(
+        f"the tf.data service dispatcher at {config.address}",
+        bound=config.timeout,
+        change=_CHANGE,
+        interval=interval,
+    )
+    while not _accepts(config, deadline):
+        progress.tick()
+        if time.monotonic() >= deadline:
+            raise ServiceTimeoutError(
+                f"no tf.data service dispatcher answered at {config.address} within "
+                f"service_timeout={config.timeout:g} s (change it with {_CHANGE}). Start one "
+                f"with `tfdp-utils data-service dispatcher --port {config.port}` on "
+                f"{config.host}, or pass the address it prints."
+            )
+        time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+    outcome: dict[str, Any] = {}
+
+    def probe() -> None:
+        try:
+            remote = tf.data.Dataset.range(1).apply(
+                tf.data.experimental.service.distribute("distributed_epoch", config.address)
+            )
+            outcome["values"] = [int(v) for v in remote]
+        except Exception as exc:  # handed to the caller below
+            outcome["error"] = exc
+
+    # TensorFlow's client has no deadline: the probe runs in a thread that is left behind
+    # (a daemon) when the bound passes.
+    thread = threading.Thread(target=probe, name="tfdp-service-probe", daemon=True)
+    thread.start()
+    progress = WaitProgress(
+        f"a tf.data service worker registered with {config.address} to serve data",
+        bound=config.timeout,
+        change=_CHANGE,
+        interval=interval,
+    )
+    while thread.is_alive() and time.monotonic() < deadline:
+        thread.join(timeout=min(0.5, max(0.01, deadline - time.monotonic())))
+        progress.tick()
+    if "error" in outcome:
+        raise RuntimeError(
+            f"the tf.data service at {config.address} failed a probe read: {outcome['error']}"
+        ) from outcome["error"]
+    if thread.is_alive():
+        raise ServiceTimeoutError(
+            f"the tf.data service dispatcher at {config.address} answers, but no service "
+            f"worker served a probe element within service_timeout={config.timeout:g} s "
+            f"(change it with {_CHANGE}). Start workers with `tfdp-utils data-service worker "
+            f"--dispatcher {config.host}:{config.port}`."
+        )
+
+
+def _accepts(config: ServiceConfig, deadline: float) -> bool:
+    timeout = min(2.0, max(0.05, deadline - time.monotonic()))
+    try:
+        with socket.create_connection((config.host, config.port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _exit_process(message: str) -> None:
+    # The trainer's thread is blocked inside TensorFlow's service client, which nothing
+    # can cancel from Python: the process ends, with the reason on stderr and in the log.
+    logger.error("tfdp_utils: %s", message)
+    sys.stderr.write(f"tfdp_utils: {message}\n")
+    sys.stderr.flush()
+    os._exit(1)
+
+
+class ServiceWatch:
+    """Ends the process when the trainer waits on the service for longer than the bound.
+
+    The pipeline marks every chunk that arrives from the service and every element the
+    trainer takes. The trainer is waiting on the service when nothing arrived for a while
+    although it took everything that did (a paused trainer leaves its buffers full, so the
+    last arrival comes after its last take). A WARNING names the wait every 30 s; at
+    ``timeout`` seconds ``abort`` is called with a message naming the bound.
+
+    Args:
+        address: the dispatcher's address, for the messages.
+        timeout: seconds without data while waiting before ``abort``.
+        abort: called with the message. Defaults to `None` (log it and end the process with
+            exit status 1).
+        clock: a monotonic clock. Defaults to `time.monotonic`.
+        poll: seconds between checks. Defaults to `1.0`.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        timeout: float,
+        *,
+        abort: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        poll: float = 1.0,
+    ) -> None:
+        self.address = address
+        self.timeout = timeout
+        self._abort = abort or _exit_process
+        self._clock = clock
+        self._poll = poll
+        self._lock = threading.Lock()
+        self.last_arrival: float | None = None
+        self.last_take: float | None = None
+        self.ended = True  # no read in progress until the first chunk arrives
+        self._progress: WaitProgress | None = None
+        self._thread: threading.Thread | None = None
+        self.message: str | None = None
+
+    def arrived(self, size: int) -> None:
+        """A chunk of ``size`` examples came from the service (0: the service's data ended)."""
+        with self._lock:
+            self.last_arrival = self._clock()
+            self.ended = size == 0
+            self._progress = None
+        self._start()
+
+    def took(self) -> None:
+        """The trainer took an element."""
+        with self._lock:
+            self.last_take = self._clock()
+
+    def check(self) -> str | None:
+        """One check; returns (and hands to ``abort``) the message when the bound passed."""
+        with self._lock:
+            arrival, take = self.last_arrival, self.last_take
+            if self.ended or arrival is None or take is None or take < arrival:
+                self._progress = None
+                return None
+            waited = self._clock() - arrival
+            if self._progress is None:
+                self._progress = WaitProgress(
+                    f"data from the tf.data service at {self.address} (nothing arrived for "
+                    "this long while the trainer waited)",
+                    bound=self.timeout,
+                    change=_CHANGE,
+                    clock=self._clock,
+                )
+            progress = self._progress
+        if waited < self.timeout:
+            progress.tick()
+            return None
+        self.message = (
+            f"the trainer waited {waited:.0f} s for data from the tf.data service at "
+            f"{self.address} and received nothing, beyond service_timeout={self.timeout:g} s "
+            f"(change it with {_CHANGE}): a service worker that held part of the epoch is gone "
+            "(TensorFlow's client waits for it forever), or the dispatcher is. Restart the "
+            "service worker, or the job."
+        )
+        self._abort(self.message)
+        return self.message
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._thread is not None:
+                return
+            ref = weakref.ref(self)
+            self._thread = threading.Thread(
+                target=_watch, args=(ref, self._poll), name="tfdp-service-watch", daemon=True
+            )
+        self._thread.start()
+
+
+def _watch(ref: weakref.ref[ServiceWatch], poll: float) -> None:
+    while True:
+        time.sleep(poll)
+        watch = ref()
+        if watch is None or watch.check() is not None:
+            return
+        del watch
+
+
+def _marked(dataset: Any, note: Callable[[int], None]) -> Any:
+    """``dataset`` with ``note(examples in the element)`` called as each element passes."""
+
+    def call(size: Any) -> Any:
+        note(int(size))
+        return size
+
+    def mark(*element: Any) -> Any:
+        structure = element[0] if len(element) == 1 else element
+        size = tf.shape(tf.nest.flatten(structure)[0], out_type=tf.int64)[0]
+        done = tf.py_function(call, [size], tf.int64)
+        with tf.control_dependencies([done]):
+            return tf.nest.map_structure(tf.identity, structure)
+
+    return dataset.map(mark)
+
+
+def _from_service(remote: Any, config: ServiceConfig, watch: ServiceWatch) -> Any:
+    """``remote`` read through the service; an empty chunk after its end marks the end."""
+    read = remote.apply(
+        tf.data.experimental.service.distribute("distributed_epoch", config.address)
+    )
+    end = tf.data.Dataset.from_tensors(empty_batch(read.element_spec))
+    marked = _marked(read.concatenate(end), watch.arrived)
+    return marked.filter(lambda *e: tf.shape(tf.nest.flatten(e)[0], out_type=tf.int64)[0] > 0)
+
+
+# ------------------------------------------------------------------------- the pipelines
+
+
+def _share(recipe: Recipe, source: Any, arrays: Any, context: Any) -> Any:
+    """This trainer's unbatched examples as a dataset the service can split dynamically."""
+    plan, index = recipe.plan, int(context.input_pipeline_id)
+    workers = int(context.num_input_pipelines)
+    if plan.source_kind == "files":
+        files = list(plan.files_per_worker[index])
+        reads = parallel_reads(len(files))
+        names = tf.data.Dataset.from_tensor_slices(tf.constant(files or [""])).take(len(files))
+        return names.interleave(recipe.reader, cycle_length=reads, num_parallel_calls=reads)
+    if plan.source_kind == "function":
+        return source(context)
+    if plan.source_kind == "arrays" and workers > 1:
+        own = tf.nest.map_structure(lambda a: a[index::workers], arrays)
+        return tf.data.Dataset.from_tensor_slices(own)
+    return source
+
+
+def _local_recipe(recipe: Recipe) -> Recipe:
+    """The trainer's part: no map (done by the service), no shard (the share is its own)."""
+    plan = dataclasses.replace(recipe.plan, policy="off", source_kind="arrays")
+    return dataclasses.replace(recipe, plan=plan, map_fn=None, cache=False)
+
+
+def synchronous_dataset(
+    recipe: Recipe, source: Any, arrays: Any, context: Any, config: ServiceConfig
+) -> Any:
+    """One trainer's pipeline: its share read and mapped by the service, batched here."""
+    workers, index = int(context.num_input_pipelines), int(context.input_pipeline_id)
+    watch = ServiceWatch(config.address, config.timeout)
+    remote = _share(recipe, source, arrays, context)
+    if recipe.map_fn is not None:
+        remote = remote.map(recipe.map_fn, num_parallel_calls=tf.data.AUTOTUNE)
+    # Whole steps of this trainer cross the network as one element each, then come apart.
+    step = recipe.shape.per_replica_batch_size * recipe.replicas_per_worker
+    dataset = _from_service(remote.batch(step), config, watch).unbatch()
+    local = _local_recipe(recipe)
+    dataset = cache_and_shuffle(local, dataset, workers, index)
+    dataset = shard_and_map(local, dataset, workers, index)
+    split = splits_last_step(
+        local.replicas_per_worker,
+        drop_remainder=local.drop_remainder,
+        repeat_by_example=local.repeat and not local.aligned,
+        dense=dense_only(dataset.element_spec),
+    )
+    dataset = batch(local, dataset, index, split=split)
+    if split:
+        dataset = split_steps(dataset, local.replicas_per_worker)
+    off = tf.data.experimental.AutoShardPolicy.OFF
+    return _marked(_with_options(local, dataset, off, deterministic=False), lambda _: watch.took())
+
+
+def distributed_epoch_dataset(
+    recipe: Recipe, source: Any, arrays: Any, context: Any, config: ServiceConfig
+) -> Any:
+    """The single trainer's pipeline: the whole source split and batched by the service."""
+    watch = ServiceWatch(config.address, config.timeout)
+    remote = _share(recipe, source, arrays, context)
+    if recipe.map_fn is not None:
+        remote = remote.map(recipe.map_fn, num_parallel_calls=tf.data.AUTOTUNE)
+    local = recipe.replicas_per_worker
+    step = recipe.shape.per_replica_batch_size * local
+    dataset = _from_service(remote.batch(step, drop_remainder=recipe.drop_remainder), config, watch)
+    if recipe.repeat:
+        dataset = dataset.repeat()
+    if local > 1:
+        dataset = split_steps(dataset, local)
+    off = tf.data.experimental.AutoShardPolicy.OFF
+    local_recipe = _local_recipe(recipe)
+    return _marked(
+        _with_options(local_recipe, dataset, off, deterministic=False), lambda _: watch.took()
+    )
+
+
+def distribute(
+    strategy: Any, recipe: Recipe, source: Any, arrays: Any, input_options: Any, config: Any
+) -> Any:
+    """The distributed dataset read through the service (after :func:`wait_for_service`)."""
+    wait_for_service(config)
+    build = synchronous_dataset if config.mode == "synchronous" else distributed_epoch_dataset
+    return strategy.distribute_datasets_from_function(
+        lambda context: build(recipe, source, arrays, context, config), options=input_options
+    )
+
+
+__all__ = [
+    "DEFAULT_SERVICE_TIMEOUT",
+    "SERVICE_MODES",
+    "SERVICE_TIMEOUT_VARIABLE",
+    "ServiceConfig",
+    "ServiceMode",
+    "ServiceTimeoutError",
+    "ServiceWatch",
+    "check_service",
+    "distribute",
+    "service_plan",
+    "wait_for_service",
+]
