@@ -255,3 +255,26 @@ def test_counts_stay_exact_under_gradient_accumulation(replicas: int, tmp_path: 
     acc.Reload()
     described = acc.SummaryMetadata(tags.STEPS_PER_SEC).summary_description
     assert "micro-batches (gradient accumulation: 2 per optimizer update" in described
+
+
+def test_counts_from_an_inexact_layout_are_labelled_derived(tmp_path: Path) -> None:
+    # A layout whose per-step counts are not known (DatasetInfo.exact=False: a self-batching
+    # function, the tf.data service's distributed_epoch) is counted, and says it is derived.
+    from tfdp_utils.dataset_info import DatasetInfo
+
+    strategy = strategy_of(2)
+    info = DatasetInfo(
+        global_batch_size=BATCH,
+        per_replica_batch_size=BATCH // 2,
+        num_replicas_in_sync=2,
+        exact=False,
+    )
+    plain = tf.data.Dataset.from_tensor_slices(arrays(128, 8)).batch(BATCH)
+    model = make_model(strategy)
+    model.fit(plain, epochs=1, verbose=0, callbacks=[ThroughputLogger(tmp_path, dataset=info)])
+    acc = EventAccumulator(str(tmp_path / tags.GLOBAL_RUN), size_guidance={"tensors": 0})
+    acc.Reload()
+    assert acc.SummaryMetadata(tags.EXAMPLES).summary_description.startswith("Derived count")
+    replica = EventAccumulator(str(tmp_path / tags.replica_run(0)), size_guidance={"tensors": 0})
+    replica.Reload()
+    assert "split evenly" in replica.SummaryMetadata(tags.EXAMPLES_PER_SEC).summary_description

@@ -592,7 +592,8 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
     def _write_counts(self, fit: FitState, step: int) -> None:
         counter = fit.counter
         fit.written_step = step
-        counted = tags.count_origin(exact=counter.info is not None, source=counter.source)
+        exact = counter.info is not None and counter.info.exact
+        counted = tags.count_origin(exact=exact, source=counter.source)
         if fit.placement.position.is_chief:
             self._put(GLOBAL_RUN, tags.EXAMPLES, sum(counter.counts), step, counted=counted)
         if self.per_replica:
@@ -643,7 +644,8 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         self._put(GLOBAL_RUN, tags.WORKER_SKEW, skew, step)
 
     def _write_replicas(self, fit: FitState, window: ThroughputWindow, timing: str) -> None:
-        exactness = tags.replica_split(exact=fit.counter.info is not None)
+        info = fit.counter.info
+        exactness = tags.replica_split(exact=info is not None and info.exact)
         for k in fit.placement.position.local_replicas:
             run = replica_run(k)
             rate = window.replica_examples_per_sec[k]

@@ -509,6 +509,10 @@ def build_distributed_dataset(
             strategy, recipe, source, raw_source, input_options, service_config
         )
     info = dataset_info_for(epochs, shape, repeat=repeats, infinite=facts.infinite)
+    if service_config is not None and service_config.mode == "distributed_epoch":
+        # The service hands out its batches dynamically: how many steps, and what each
+        # replica's last one holds, is known only once the epoch has ended.
+        info = dataclasses.replace(info, exact=False)
     return single_device.remember(attach(dist, info, plan), arguments, self_batching=False)
 
 
