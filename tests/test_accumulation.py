@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from two_worker_cluster import phase_results
 
 import tfdp_utils as tdu
 from tfdp_utils._tf import keras, tf
@@ -58,26 +59,47 @@ def strategy() -> tf.distribute.Strategy:
     return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(REPLICAS)])
 
 
-def _reference(initial_weights, num_examples, regularized=True):
-    """One device, one update per batch of 32, loss = mean over the batch + regularization."""
-    model = _model(regularized)
-    model.set_weights(initial_weights)
+def _one_device(model, x, y, *, update_batch=UPDATE_BATCH, micro_batch=None):
+    """One device, no strategy: one SGD update per ``update_batch`` consecutive examples.
+
+    By default each update's loss is the mean over all its examples (+ regularization), as one
+    step on the whole batch. With ``micro_batch``, each update's gradient is instead the mean
+    of the gradients of its micro-batches, each averaged over its own examples: Keras 3's
+    documented ``gradient_accumulation_steps`` semantics, which weigh a partial micro-batch
+    like a full one.
+    """
     optimizer = _optimizer()
-    x, y = _data(num_examples)
     updates = 0
-    for start in range(0, num_examples, UPDATE_BATCH):
-        xb, yb = x[start : start + UPDATE_BATCH], y[start : start + UPDATE_BATCH]
-        with tf.GradientTape() as tape:
-            logits = model(xb, training=True)
-            loss = tf.reduce_mean(
-                keras.losses.sparse_categorical_crossentropy(yb, logits, from_logits=True)
+    for start in range(0, len(x), update_batch):
+        end = min(start + update_batch, len(x))
+        size = micro_batch or update_batch
+        parts = [(i, min(i + size, end)) for i in range(start, end, size)]
+        gradients = None
+        for low, high in parts:
+            with tf.GradientTape() as tape:
+                logits = model(x[low:high], training=True)
+                loss = tf.reduce_mean(
+                    keras.losses.sparse_categorical_crossentropy(
+                        y[low:high], logits, from_logits=True
+                    )
+                )
+                if model.losses:
+                    loss += tf.add_n(model.losses)
+            new = tape.gradient(loss, model.trainable_variables)
+            gradients = (
+                new if gradients is None else [a + b for a, b in zip(gradients, new, strict=True)]
             )
-            if model.losses:
-                loss += tf.add_n(model.losses)
-        gradients = tape.gradient(loss, model.trainable_variables)
+        gradients = [g / len(parts) for g in gradients]
         optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
         updates += 1
     return model.get_weights(), updates
+
+
+def _reference(initial_weights, num_examples, regularized=True, micro_batch=None):
+    """One device on global batches of 32 (loss = mean over the batch + regularization)."""
+    model = _model(regularized)
+    model.set_weights(initial_weights)
+    return _one_device(model, *_data(num_examples), micro_batch=micro_batch)
 
 
 def _max_difference(a, b) -> float:
@@ -112,6 +134,7 @@ def test_custom_step_accumulates_to_the_one_device_weights(strategy, initial_wei
     weights, iterations, calls, step = _custom_step_run(strategy, initial_weights, num_examples)
     assert (calls, iterations, updates) == (2 * UPDATES, UPDATES, UPDATES)
     assert step.pending_micro_steps == 0 and step.skipped_steps == 0
+    print(f"custom step, {num_examples} examples: {_max_difference(weights, reference):.2e}")
     assert _max_difference(weights, reference) <= TOLERANCE
     assert _max_difference(weights, initial_weights) > 1e-2  # it trained
 
@@ -128,27 +151,11 @@ def test_custom_step_with_xla_accumulates_to_the_same_weights(strategy, initial_
 def test_averaging_each_micro_batch_alone_would_differ(initial_weights):
     """The partial case is a real test: a mean of micro-batch means gives other weights."""
     reference, _ = _reference(initial_weights, PARTIAL)
-    model = _model()
-    model.set_weights(initial_weights)
-    optimizer = _optimizer()
-    x, y = _data(PARTIAL)
-    for start in range(0, PARTIAL, UPDATE_BATCH):
-        gradients = None
-        for micro in range(start, min(start + UPDATE_BATCH, PARTIAL), MICRO_BATCH):
-            with tf.GradientTape() as tape:
-                logits = model(x[micro : micro + MICRO_BATCH], training=True)
-                loss = tf.reduce_mean(
-                    keras.losses.sparse_categorical_crossentropy(
-                        y[micro : micro + MICRO_BATCH], logits, from_logits=True
-                    )
-                ) + tf.add_n(model.losses)
-            new = tape.gradient(loss, model.trainable_variables)
-            gradients = (
-                new if gradients is None else [a + b for a, b in zip(gradients, new, strict=True)]
-            )
-        gradients = [g / ACCUMULATION for g in gradients]
-        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
-    assert _max_difference(model.get_weights(), reference) > 1e-3
+    mean_of_means, _ = _reference(initial_weights, PARTIAL, micro_batch=MICRO_BATCH)
+    assert _max_difference(mean_of_means, reference) > 1e-3
+    full, _ = _reference(initial_weights, FULL)
+    full_mean_of_means, _ = _reference(initial_weights, FULL, micro_batch=MICRO_BATCH)
+    assert _max_difference(full_mean_of_means, full) <= TOLERANCE  # equal sizes: the same
 
 
 def test_pending_micro_batches_carry_over(strategy, initial_weights):
@@ -246,8 +253,72 @@ def test_fit_accumulates_to_the_one_device_weights(strategy, initial_weights):
     model, history = _fit_run(strategy, initial_weights, FULL)
     assert np.isfinite(history.history["loss"][0])
     assert int(model.optimizer.iterations.numpy()) == updates == UPDATES
+    print(f"fit: max weight difference {_max_difference(model.get_weights(), reference):.2e}")
     assert _max_difference(model.get_weights(), reference) <= TOLERANCE
     assert _max_difference(model.get_weights(), initial_weights) > 1e-2
+
+
+def test_fit_weighs_a_partial_micro_batch_like_keras(strategy, initial_weights):
+    """fit averages each micro-batch over its own examples (Keras 3's semantics, kept on
+    tf_keras): with a partial last micro-batch it matches one device doing the same, and the
+    exact average over the update's examples needs the custom step (or full batches)."""
+    keras_semantics, updates = _reference(initial_weights, PARTIAL, micro_batch=MICRO_BATCH)
+    exact, _ = _reference(initial_weights, PARTIAL)
+    model, _ = _fit_run(strategy, initial_weights, PARTIAL)
+    assert int(model.optimizer.iterations.numpy()) == updates == UPDATES
+    print(
+        f"fit, {PARTIAL} examples: {_max_difference(model.get_weights(), keras_semantics):.2e} "
+        f"to the mean of micro-batch means, {_max_difference(model.get_weights(), exact):.2e} "
+        "to the exact mean"
+    )
+    assert _max_difference(model.get_weights(), keras_semantics) <= TOLERANCE
+    assert _max_difference(model.get_weights(), exact) > 1e-3
+
+
+# --- 2 localhost workers (the accumulation phase of tests/two_worker_cluster.py) ---------
+
+
+@pytest.mark.slow
+def test_two_workers_accumulate_to_the_one_device_weights(two_worker_phases):
+    from two_worker_cluster import (
+        ACCUMULATION_MICRO_BATCH,
+        ACCUMULATION_STEP_EXAMPLES,
+        ACCUMULATION_STEPS,
+        MODEL,
+    )
+
+    data = np.load(two_worker_phases["inputs"]["accumulation_data"])
+    initial = [data[f"w{i}"] for i in range(len(data.files) - 2)]
+
+    def one_device(examples):
+        namespace: dict = {}
+        exec(MODEL, namespace)
+        model = namespace["build_model"](keras)
+        model.set_weights(initial)
+        x, y = data["x"][:examples], data["y"][:examples]
+        return _one_device(model, x, y, update_batch=ACCUMULATION_MICRO_BATCH * ACCUMULATION_STEPS)
+
+    fit_reference, fit_updates = one_device(len(data["x"]))
+    step_reference, step_updates = one_device(ACCUMULATION_STEP_EXAMPLES)
+    differences = []
+    for result in phase_results(two_worker_phases, "accumulation"):
+        assert result["replicas"] == 2
+        if tdu.IS_KERAS3:
+            assert "keras#20582" in result["applied"]
+        for run, reference, updates in (
+            ("fit", fit_reference, fit_updates),
+            ("step", step_reference, step_updates),
+        ):
+            assert result[run]["iterations"] == updates == 5, run
+            flat = [
+                np.asarray(w).reshape(r.shape)
+                for w, r in zip(result[run]["weights"], reference, strict=True)
+            ]
+            differences.append(_max_difference(flat, reference))
+            assert differences[-1] <= TOLERANCE, (run, differences[-1])
+            assert _max_difference(flat, initial) > 1e-2, run  # it trained
+        assert result["step"]["calls"] == 2 * step_updates and result["step"]["pending"] == 0
+    print(f"2 workers: max weight difference to one device {max(differences):.2e}")
 
 
 def test_enable_gradient_accumulation_is_for_tf_keras(strategy):

@@ -15,6 +15,11 @@ fixture in conftest). The phases, in order, each a copy of what its module's wor
 ``fit_ids`` (test_data_multiworker)
     ``model.fit(dist, epochs=3)`` and ``evaluate`` without ``steps`` on builder datasets, with
     example ids counted inside the model's step.
+``accumulation`` (test_accumulation)
+    ``fit`` with 2 micro-batches per update (Keras 3: ``SGD(gradient_accumulation_steps=2)``
+    with the keras#20582 workaround; tf_keras: ``tdu.enable_gradient_accumulation``) and
+    ``make_distributed_train_step(accumulation_steps=2)`` on a partial last micro-batch, from
+    the same initial weights and data as the test's one-device reference.
 
 A phase that raises records ``{"phase_error": traceback}`` and the next one still runs. No side
 effects at import: this module is imported by conftest's fixture only.
@@ -45,6 +50,12 @@ def build_model(keras):
 # fit_ids phase
 FIT_FILE_SIZES = (21, 2, 3, 2)  # FILE: 23 examples on one worker, 5 on the other
 FIT_ARRAYS = 13
+
+# accumulation phase: 2 workers x 1 replica x 8 examples per micro-batch, 2 micro-batches
+ACCUMULATION_MICRO_BATCH = 16  # global, over both workers
+ACCUMULATION_STEPS = 2
+ACCUMULATION_FIT_EXAMPLES = 5 * ACCUMULATION_MICRO_BATCH * ACCUMULATION_STEPS  # 5 updates
+ACCUMULATION_STEP_EXAMPLES = ACCUMULATION_FIT_EXAMPLES - 10  # the last micro-batch holds 6
 
 WORKER = (
     MODEL
@@ -191,6 +202,66 @@ def fit_ids():
     return out
 
 
+@phase
+def accumulation():
+    data = np.load(inputs["accumulation_data"])
+    steps, micro_batch = inputs["accumulation_steps"], inputs["accumulation_micro_batch"]
+    initial = [data[f"w{i}"] for i in range(len(build_model(keras).get_weights()))]
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    tdu.compat.apply_for_strategy(strategy)  # keras#20582 on Keras 3
+    out = {"replicas": strategy.num_replicas_in_sync, "applied": list(tdu.compat.applied())}
+
+    def micro_batches(examples):
+        dataset = tf.data.Dataset.from_tensor_slices((data["x"][:examples], data["y"][:examples]))
+        return dataset.batch(micro_batch).with_options(options)
+
+    with strategy.scope():
+        model = build_model(keras)
+        model.set_weights(initial)
+        if IS_KERAS3:
+            optimizer = keras.optimizers.SGD(0.2, momentum=0.9, gradient_accumulation_steps=steps)
+        else:
+            optimizer = keras.optimizers.SGD(0.2, momentum=0.9)
+        model.compile(
+            optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        )
+    if not IS_KERAS3:
+        tdu.enable_gradient_accumulation(model, steps)
+    history = model.fit(micro_batches(inputs["accumulation_fit_examples"]), epochs=1, verbose=0)
+    out["fit"] = {
+        "loss": float(history.history["loss"][0]),
+        "iterations": int(model.optimizer.iterations.numpy()),
+        "weights": [w.ravel().tolist() for w in model.get_weights()],
+    }
+
+    with strategy.scope():
+        model = build_model(keras)
+        model.set_weights(initial)
+        optimizer = keras.optimizers.SGD(0.2, momentum=0.9)
+    step = tdu.make_distributed_train_step(
+        model,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none"),
+        optimizer=optimizer,
+        strategy=strategy,
+        accumulation_steps=steps,
+    )
+    dist = strategy.experimental_distribute_dataset(
+        micro_batches(inputs["accumulation_step_examples"])
+    )
+    calls = 0
+    for batch in dist:
+        step(batch)
+        calls += 1
+    out["step"] = {
+        "calls": calls,
+        "iterations": int(optimizer.iterations.numpy()),
+        "pending": step.pending_micro_steps,
+        "weights": [w.ravel().tolist() for w in model.get_weights()],
+    }
+    return out
+
+
 print("RESULT " + json.dumps(results), flush=True)
 """
 )
@@ -209,6 +280,23 @@ def train_data(folder: Path) -> Path:
     exec(MODEL, namespace)
     initial = namespace["build_model"](keras).get_weights()
     path = folder / "train_data.npz"
+    np.savez(path, x=x, y=y, **{f"w{i}": w for i, w in enumerate(initial)})
+    return path
+
+
+def accumulation_data(folder: Path) -> Path:
+    """The accumulation phase's examples and initial weights (also the reference's)."""
+    import numpy as np
+
+    from tfdp_utils._tf import keras
+
+    rng = np.random.default_rng(14)
+    x = rng.normal(size=(ACCUMULATION_FIT_EXAMPLES, 5)).astype("float32")
+    y = rng.integers(0, 3, size=ACCUMULATION_FIT_EXAMPLES).astype("int64")
+    namespace: dict[str, Any] = {}
+    exec(MODEL, namespace)
+    initial = namespace["build_model"](keras).get_weights()
+    path = folder / "accumulation_data.npz"
     np.savez(path, x=x, y=y, **{f"w{i}": w for i, w in enumerate(initial)})
     return path
 
@@ -239,6 +327,11 @@ def launch(folder: Path) -> dict[str, Any]:
         "fit_dir": str(fit_files(folder / "fit")),
         "fit_arrays": FIT_ARRAYS,
         "fit_files": sum(FIT_FILE_SIZES),
+        "accumulation_data": str(accumulation_data(folder)),
+        "accumulation_steps": ACCUMULATION_STEPS,
+        "accumulation_micro_batch": ACCUMULATION_MICRO_BATCH,
+        "accumulation_fit_examples": ACCUMULATION_FIT_EXAMPLES,
+        "accumulation_step_examples": ACCUMULATION_STEP_EXAMPLES,
     }
     ports = [free_port(), free_port()]
     processes = [
