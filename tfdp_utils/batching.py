@@ -248,7 +248,11 @@ class GlobalBatchPlan:
         rule: the learning-rate scaling rule used.
         warmup_steps: optimizer updates the warm-up lasts, or None without a warm-up.
         warmup_schedule: a :class:`WarmupSchedule` from ``base_learning_rate`` to
-            ``learning_rate`` over ``warmup_steps``, or None. It counts optimizer updates.
+            ``learning_rate`` over ``warmup_steps``, or None. It counts optimizer updates, as
+            the custom step's optimizer and tf_keras with
+            :func:`tfdp_utils.enable_gradient_accumulation` do. A Keras 3 optimizer with
+            ``gradient_accumulation_steps`` gives its schedule micro-steps: build it with
+            ``warmup_steps * accumulation_steps`` there (docs/batching.md).
     """
 
     target_global_batch_size: int
