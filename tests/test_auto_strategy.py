@@ -272,9 +272,12 @@ def test_env_command_reports_versions_and_choice():
     assert "CPU only" in report["reason"]
     assert report["tensorflow"] == tf.__version__
     assert report["keras_flavour"] in ("keras3", "tf_keras")
+    # Whether Keras fit will compile with XLA under that strategy (here: CPU, no XLA).
+    assert report["keras_xla"].startswith("Keras fit: no XLA")
     text = run_python("from tfdp_utils.cli import main; raise SystemExit(main(['env']))")
     assert "Strategy auto_strategy() would build: OneDeviceStrategy" in text.stdout
     assert "TensorFlow distribution: tensorflow-cpu" in text.stdout
+    assert "- Keras fit: no XLA" in text.stdout
 
 
 def test_auto_strategy_is_what_the_builder_falls_back_on():

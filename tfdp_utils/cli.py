@@ -47,6 +47,7 @@ def environment_report() -> dict[str, Any]:
         return _report_without_tensorflow(__version__, exc)
     from tfdp_utils.environment import detect_environment
     from tfdp_utils.strategy import choose_strategy
+    from tfdp_utils.xla import keras_xla
 
     report: dict[str, Any] = {
         "tfdp_utils": __version__,
@@ -75,6 +76,9 @@ def environment_report() -> dict[str, Any]:
         strategy_kind=choice.kind,
         strategy_devices=list(choice.devices),
         reason=choice.reason,
+        keras_xla=keras_xla(
+            choice.kind, keras3=IS_KERAS3, accelerators=len(env.gpus) + len(env.tpus)
+        ),
     )
     return report
 
@@ -136,6 +140,8 @@ def _format_report(report: dict[str, Any]) -> str:
         lines.append(f"- ${name}: {value}")
     lines.append(f"- Strategy auto_strategy() would build: {report.get('strategy')}")
     lines.append(f"- Why: {report.get('reason')}")
+    if report.get("keras_xla"):
+        lines.append(f"- {report['keras_xla']}")
     return "\n".join(lines)
 
 
