@@ -207,7 +207,7 @@ def split_steps(dataset: Any, replicas: int) -> Any:
     )
 
 
-def _with_options(recipe: Recipe, dataset: Any, policy: Any, *, deterministic: bool) -> Any:
+def with_options(recipe: Recipe, dataset: Any, policy: Any, *, deterministic: bool) -> Any:
     if recipe.prefetch:
         dataset = dataset.prefetch(tf.data.AUTOTUNE)
     options = tf.data.Options()
@@ -254,7 +254,7 @@ def per_worker_dataset(recipe: Recipe, source: Any, context: Any) -> Any:
     # keeps every W-th example of a stream that must be in the same order on every worker,
     # including in the source's own parallel transformations.
     off = tf.data.experimental.AutoShardPolicy.OFF
-    return _with_options(recipe, dataset, off, deterministic=recipe.keeps_order)
+    return with_options(recipe, dataset, off, deterministic=recipe.keeps_order)
 
 
 def global_dataset(recipe: Recipe, source: Any) -> Any:
@@ -274,7 +274,7 @@ def global_dataset(recipe: Recipe, source: Any) -> Any:
     dataset = dataset.batch(recipe.shape.global_batch_size, drop_remainder=recipe.drop_remainder)
     policy = tf.data.experimental.AutoShardPolicy
     shard = policy.FILE if recipe.plan.policy == "file" else policy.HINT
-    return _with_options(recipe, dataset, shard, deterministic=False)
+    return with_options(recipe, dataset, shard, deterministic=False)
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -328,5 +328,6 @@ __all__ = [
     "shard_and_map",
     "split_steps",
     "step_splitter",
+    "with_options",
     "worker_seed",
 ]

@@ -49,12 +49,12 @@ from tfdp_utils._validate import env_seconds, positive_float, text
 from tfdp_utils.data.epochs import splits_last_step
 from tfdp_utils.data.pipeline import (
     Recipe,
-    _with_options,
     batch,
     cache_and_shuffle,
     empty_batch,
     shard_and_map,
     split_steps,
+    with_options,
 )
 from tfdp_utils.data.sharding import ShardingPlan, parallel_reads
 from tfdp_utils.data.sources import dense_only
@@ -470,7 +470,7 @@ def synchronous_dataset(
     if split:
         dataset = split_steps(dataset, local.replicas_per_worker)
     off = tf.data.experimental.AutoShardPolicy.OFF
-    return _marked(_with_options(local, dataset, off, deterministic=False), lambda _: watch.took())
+    return _marked(with_options(local, dataset, off, deterministic=False), lambda _: watch.took())
 
 
 def distributed_epoch_dataset(
@@ -491,7 +491,7 @@ def distributed_epoch_dataset(
     off = tf.data.experimental.AutoShardPolicy.OFF
     local_recipe = _local_recipe(recipe)
     return _marked(
-        _with_options(local_recipe, dataset, off, deterministic=False), lambda _: watch.took()
+        with_options(local_recipe, dataset, off, deterministic=False), lambda _: watch.took()
     )
 
 
