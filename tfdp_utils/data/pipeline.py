@@ -238,6 +238,15 @@ def per_worker_dataset(recipe: Recipe, source: Any, context: Any) -> Any:
             f"{workers} input pipelines; build the dataset with the strategy that trains."
         )
     dataset = read(recipe, source, context)
+    # DATA keeps every W-th example of a stream that must be in the same order on every
+    # worker, including in the source's own parallel transformations.
+    return worker_stages(recipe, dataset, workers, index, deterministic=recipe.keeps_order)
+
+
+def worker_stages(
+    recipe: Recipe, dataset: Any, workers: int, index: int, *, deterministic: bool
+) -> Any:
+    """Cache/shuffle -> shard/map -> batch -> split, and the options: a worker's read data on."""
     dataset = cache_and_shuffle(recipe, dataset, workers, index)
     dataset = shard_and_map(recipe, dataset, workers, index)
     # The builder asked the same question with the same (mapped) elements for its counts.
@@ -250,11 +259,9 @@ def per_worker_dataset(recipe: Recipe, source: Any, context: Any) -> Any:
     dataset = batch(recipe, dataset, index, split=split)
     if split:
         dataset = split_steps(dataset, recipe.replicas_per_worker)
-    # The builder shards above; say so, so that tf.data neither rewrites nor warns. DATA
-    # keeps every W-th example of a stream that must be in the same order on every worker,
-    # including in the source's own parallel transformations.
+    # The builder shards above; say so, so that tf.data neither rewrites nor warns.
     off = tf.data.experimental.AutoShardPolicy.OFF
-    return with_options(recipe, dataset, off, deterministic=recipe.keeps_order)
+    return with_options(recipe, dataset, off, deterministic=deterministic)
 
 
 def global_dataset(recipe: Recipe, source: Any) -> Any:

@@ -46,18 +46,14 @@ from typing import Any, Literal
 
 from tfdp_utils._tf import tf
 from tfdp_utils._validate import env_seconds, positive_float, text
-from tfdp_utils.data.epochs import splits_last_step
 from tfdp_utils.data.pipeline import (
     Recipe,
-    batch,
-    cache_and_shuffle,
     empty_batch,
-    shard_and_map,
     split_steps,
     with_options,
+    worker_stages,
 )
 from tfdp_utils.data.sharding import ShardingPlan, parallel_reads
-from tfdp_utils.data.sources import dense_only
 from tfdp_utils.waiting import WaitProgress
 
 logger = logging.getLogger("tfdp_utils")
@@ -458,19 +454,8 @@ def synchronous_dataset(
     step = recipe.shape.per_replica_batch_size * recipe.replicas_per_worker
     dataset = _from_service(remote.batch(step), config, watch).unbatch()
     local = _local_recipe(recipe)
-    dataset = cache_and_shuffle(local, dataset, workers, index)
-    dataset = shard_and_map(local, dataset, workers, index)
-    split = splits_last_step(
-        local.replicas_per_worker,
-        drop_remainder=local.drop_remainder,
-        repeat_by_example=local.repeat and not local.aligned,
-        dense=dense_only(dataset.element_spec),
-    )
-    dataset = batch(local, dataset, index, split=split)
-    if split:
-        dataset = split_steps(dataset, local.replicas_per_worker)
-    off = tf.data.experimental.AutoShardPolicy.OFF
-    return _marked(with_options(local, dataset, off, deterministic=False), lambda _: watch.took())
+    dataset = worker_stages(local, dataset, workers, index, deterministic=False)
+    return _marked(dataset, lambda _: watch.took())
 
 
 def distributed_epoch_dataset(
