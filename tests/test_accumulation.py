@@ -191,6 +191,13 @@ def test_plain_tensors_are_refused_with_the_fix(strategy, initial_weights):
     x, y = _data(MICRO_BATCH)
     with pytest.raises(ValueError, match=r"plain tensors.*each of the 2 replicas.*"):
         step((tf.constant(x), tf.constant(y)))
+    # A batch distributed by a strategy of another size: refused, not silently misread.
+    four = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(4)])
+    other = four.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(MICRO_BATCH)
+    )
+    with pytest.raises(ValueError, match=r"split into 4 per-replica parts.*another strategy"):
+        step(next(iter(other)))
     assert int(optimizer.iterations.numpy()) == 0
 
 

@@ -237,9 +237,20 @@ class DistributedTrainStep:
                 "inside a tf.function: it counts micro-batches in Python to know when to "
                 "apply the optimizer. The step compiles itself."
             )
-        if self._local_replicas < 2:
-            return
-        if any(isinstance(v, tf.distribute.DistributedValues) for v in tf.nest.flatten(batch)):
+        distributed = [
+            v for v in tf.nest.flatten(batch) if isinstance(v, tf.distribute.DistributedValues)
+        ]
+        for value in distributed:
+            parts = len(getattr(value, "values", ()))
+            if parts and parts != self._local_replicas:
+                raise ValueError(
+                    f"The step received a batch split into {parts} per-replica parts, but "
+                    f"{type(self.strategy).__name__} runs {self._local_replicas} replica(s) "
+                    "here: the dataset was built for another strategy. Build it with the "
+                    "strategy the step was made for (strategy.experimental_distribute_dataset, "
+                    "or tdu.build_distributed_dataset(..., strategy=strategy))."
+                )
+        if self._local_replicas < 2 or distributed:
             return
         raise ValueError(
             f"The step received a batch of plain tensors ({type(batch).__name__}), not a "
