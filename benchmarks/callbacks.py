@@ -63,7 +63,7 @@ class TimedLogger(ThroughputLogger):
         return hook
 
     on_train_begin = _timed("on_train_begin")
-    on_train_batch_begin = _timed("on_train_batch_begin")
+    _end_epoch_boundary = _timed("_end_epoch_boundary")  # the batch-begin hook, per epoch
     on_train_batch_end = _timed("on_train_batch_end")
     on_epoch_begin = _timed("on_epoch_begin")
     on_epoch_end = _timed("on_epoch_end")

@@ -379,7 +379,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         self._write_counts(fit, origin)
         # From here to the first step is the first epoch's start (tf_keras builds the
         # iterator now).
-        fit.clock.pause(_EPOCH_START)
+        self._start_epoch_boundary(fit)
 
     def _planned_steps(self) -> int | None:
         params = getattr(self, "params", None) or {}
@@ -388,8 +388,18 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
             return None
         return int(steps) * int(epochs)
 
-    def on_train_batch_begin(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
-        # On the training thread, every step: one attribute test unless an epoch is starting.
+    def _start_epoch_boundary(self, fit: FitState) -> None:
+        """Stop the clock until the next step begins.
+
+        The batch-begin hook is this instance's only while a boundary lasts: every other step
+        Keras calls the base class's empty one, so measuring epoch starts costs nothing per
+        step.
+        """
+        fit.clock.pause(_EPOCH_START)
+        self.on_train_batch_begin = self._end_epoch_boundary
+
+    def _end_epoch_boundary(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
+        self.__dict__.pop("on_train_batch_begin", None)
         fit = self._fit
         if fit is None or not fit.clock.held(_EPOCH_START):
             return
@@ -424,7 +434,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
             return
         with self._lock:
             # The epoch boundary starts here and lasts until the next epoch's first step.
-            fit.clock.pause(_EPOCH_START)
+            self._start_epoch_boundary(fit)
             # Keras has just synced the epoch's logs; one more read here costs nothing and
             # keeps the next epoch's host-side step estimate and example positions exact.
             step = self._read_step()
@@ -448,6 +458,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         fit = self._fit
         if fit is None:
             return
+        self.__dict__.pop("on_train_batch_begin", None)  # the last epoch's boundary
         with self._lock:
             self._fit = None
             final = self._read_step()
