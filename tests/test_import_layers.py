@@ -33,6 +33,7 @@ PURE_MODULES = (
     "tfdp_utils.data.sharding",
     "tfdp_utils.data.epochs",
     "tfdp_utils.data.diagnostics",
+    "tfdp_utils.data.service_watch",
     # Glue that imports TensorFlow only when first used.
     "tfdp_utils.strategy",
     "tfdp_utils.construction",

@@ -30,6 +30,7 @@ class WaitProgress:
         interval: seconds between lines. Defaults to `None` (:data:`PROGRESS_INTERVAL`, read
             when the wait starts).
         clock: a monotonic clock. Defaults to `time.monotonic`.
+        start: when the wait began, on ``clock``. Defaults to `None` (now).
     """
 
     def __init__(
@@ -40,13 +41,14 @@ class WaitProgress:
         change: str,
         interval: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        start: float | None = None,
     ) -> None:
         self._what = what
         self.bound = bound
         self.change = change
         self.interval = PROGRESS_INTERVAL if interval is None else interval
         self._clock = clock
-        self.start = clock()
+        self.start = clock() if start is None else start
         self._next = self.start + self.interval
         self.lines: list[str] = []
         """Every progress line logged so far."""

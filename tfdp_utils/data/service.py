@@ -27,8 +27,8 @@ Nothing in TensorFlow bounds a wait on the service: a trainer whose dispatcher i
 that has no service worker, or whose service worker died holding part of the epoch, waits
 forever. The builder checks the service before returning (a dispatcher that accepts a
 connection and a probe element served by a worker, both within ``service_timeout``), and
-:class:`ServiceWatch` ends a trainer that received nothing from the service for
-``service_timeout`` seconds while it waited for data, logging what it waits for every 30 s.
+:class:`ServiceWatch` ends a trainer whose request to the service stays unanswered for
+``service_timeout`` seconds, logging what it waits for every 30 s.
 """
 
 from __future__ import annotations
@@ -37,11 +37,8 @@ import dataclasses
 import logging
 import os
 import socket
-import sys
 import threading
 import time
-import weakref
-from collections.abc import Callable
 from typing import Any, Literal
 
 from tfdp_utils._tf import tf
@@ -53,6 +50,7 @@ from tfdp_utils.data.pipeline import (
     with_options,
     worker_stages,
 )
+from tfdp_utils.data.service_watch import CHANGE, SERVICE_TIMEOUT_VARIABLE, ServiceWatch
 from tfdp_utils.data.sharding import ShardingPlan, parallel_reads
 from tfdp_utils.waiting import WaitProgress
 
@@ -62,9 +60,7 @@ ServiceMode = Literal["synchronous", "distributed_epoch"]
 SERVICE_MODES: tuple[str, ...] = ("synchronous", "distributed_epoch")
 DEFAULT_SERVICE_TIMEOUT = 300.0
 """Seconds a trainer waits for the service: to answer at start, and for data while training."""
-SERVICE_TIMEOUT_VARIABLE = "TFDP_SERVICE_TIMEOUT"
 """Environment variable that replaces :data:`DEFAULT_SERVICE_TIMEOUT`."""
-_CHANGE = f"build_distributed_dataset(service_timeout=SECONDS) or {SERVICE_TIMEOUT_VARIABLE}"
 
 
 class ServiceTimeoutError(TimeoutError):
@@ -217,7 +213,7 @@ def wait_for_service(config: ServiceConfig, *, interval: float | None = None) ->
     progress = WaitProgress(
         f"the tf.data service dispatcher at {config.address}",
         bound=config.timeout,
-        change=_CHANGE,
+        change=CHANGE,
         interval=interval,
     )
     while not _accepts(config, deadline):
@@ -225,7 +221,7 @@ def wait_for_service(config: ServiceConfig, *, interval: float | None = None) ->
         if time.monotonic() >= deadline:
             raise ServiceTimeoutError(
                 f"no tf.data service dispatcher answered at {config.address} within "
-                f"service_timeout={config.timeout:g} s (change it with {_CHANGE}). Start one "
+                f"service_timeout={config.timeout:g} s (change it with {CHANGE}). Start one "
                 f"with `tfdp-utils data-service dispatcher --port {config.port}` on "
                 f"{config.host}, or pass the address it prints."
             )
@@ -248,7 +244,7 @@ def wait_for_service(config: ServiceConfig, *, interval: float | None = None) ->
     progress = WaitProgress(
         f"a tf.data service worker registered with {config.address} to serve data",
         bound=config.timeout,
-        change=_CHANGE,
+        change=CHANGE,
         interval=interval,
     )
     while thread.is_alive() and time.monotonic() < deadline:
@@ -262,7 +258,7 @@ def wait_for_service(config: ServiceConfig, *, interval: float | None = None) ->
         raise ServiceTimeoutError(
             f"the tf.data service dispatcher at {config.address} answers, but no service "
             f"worker served a probe element within service_timeout={config.timeout:g} s "
-            f"(change it with {_CHANGE}). Start workers with `tfdp-utils data-service worker "
+            f"(change it with {CHANGE}). Start workers with `tfdp-utils data-service worker "
             f"--dispatcher {config.host}:{config.port}`."
         )
 
@@ -276,143 +272,35 @@ def _accepts(config: ServiceConfig, deadline: float) -> bool:
         return False
 
 
-def _exit_process(message: str) -> None:
-    # The trainer's thread is blocked inside TensorFlow's service client, which nothing
-    # can cancel from Python: the process ends, with the reason on stderr and in the log.
-    logger.error("tfdp_utils: %s", message)
-    sys.stderr.write(f"tfdp_utils: {message}\n")
-    sys.stderr.flush()
-    os._exit(1)
-
-
-class ServiceWatch:
-    """Ends the process when the trainer waits on the service for longer than the bound.
-
-    The pipeline marks every chunk that arrives from the service and every element the
-    trainer takes. The trainer is waiting on the service when nothing arrived for a while
-    although it took everything that did (a paused trainer leaves its buffers full, so the
-    last arrival comes after its last take). A WARNING names the wait every 30 s; at
-    ``timeout`` seconds ``abort`` is called with a message naming the bound.
-
-    Args:
-        address: the dispatcher's address, for the messages.
-        timeout: seconds without data while waiting before ``abort``.
-        abort: called with the message. Defaults to `None` (log it and end the process with
-            exit status 1).
-        clock: a monotonic clock. Defaults to `time.monotonic`.
-        poll: seconds between checks. Defaults to `1.0`.
-    """
-
-    def __init__(
-        self,
-        address: str,
-        timeout: float,
-        *,
-        abort: Callable[[str], None] | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        poll: float = 1.0,
-    ) -> None:
-        self.address = address
-        self.timeout = timeout
-        self._abort = abort or _exit_process
-        self._clock = clock
-        self._poll = poll
-        self._lock = threading.Lock()
-        self.last_arrival: float | None = None
-        self.last_take: float | None = None
-        self.ended = True  # no read in progress until the first chunk arrives
-        self._progress: WaitProgress | None = None
-        self._thread: threading.Thread | None = None
-        self.message: str | None = None
-
-    def arrived(self, size: int) -> None:
-        """A chunk of ``size`` examples came from the service (0: the service's data ended)."""
-        with self._lock:
-            self.last_arrival = self._clock()
-            self.ended = size == 0
-            self._progress = None
-        self._start()
-
-    def took(self) -> None:
-        """The trainer took an element."""
-        with self._lock:
-            self.last_take = self._clock()
-
-    def check(self) -> str | None:
-        """One check; returns (and hands to ``abort``) the message when the bound passed."""
-        with self._lock:
-            arrival, take = self.last_arrival, self.last_take
-            if self.ended or arrival is None or take is None or take < arrival:
-                self._progress = None
-                return None
-            waited = self._clock() - arrival
-            if self._progress is None:
-                self._progress = WaitProgress(
-                    f"data from the tf.data service at {self.address} (nothing arrived for "
-                    "this long while the trainer waited)",
-                    bound=self.timeout,
-                    change=_CHANGE,
-                    clock=self._clock,
-                )
-            progress = self._progress
-        if waited < self.timeout:
-            progress.tick()
-            return None
-        self.message = (
-            f"the trainer waited {waited:.0f} s for data from the tf.data service at "
-            f"{self.address} and received nothing, beyond service_timeout={self.timeout:g} s "
-            f"(change it with {_CHANGE}): a service worker that held part of the epoch is gone "
-            "(TensorFlow's client waits for it forever), or the dispatcher is. Restart the "
-            "service worker, or the job."
-        )
-        self._abort(self.message)
-        return self.message
-
-    def _start(self) -> None:
-        with self._lock:
-            if self._thread is not None:
-                return
-            ref = weakref.ref(self)
-            self._thread = threading.Thread(
-                target=_watch, args=(ref, self._poll), name="tfdp-service-watch", daemon=True
-            )
-        self._thread.start()
-
-
-def _watch(ref: weakref.ref[ServiceWatch], poll: float) -> None:
-    while True:
-        time.sleep(poll)
-        watch = ref()
-        if watch is None or watch.check() is not None:
-            return
-        del watch
-
-
-def _marked(dataset: Any, note: Callable[[int], None]) -> Any:
-    """``dataset`` with ``note(examples in the element)`` called as each element passes."""
-
-    def call(size: Any) -> Any:
-        note(int(size))
-        return size
-
-    def mark(*element: Any) -> Any:
-        structure = element[0] if len(element) == 1 else element
-        size = tf.shape(tf.nest.flatten(structure)[0], out_type=tf.int64)[0]
-        done = tf.py_function(call, [size], tf.int64)
-        with tf.control_dependencies([done]):
-            return tf.nest.map_structure(tf.identity, structure)
-
-    return dataset.map(mark)
-
-
 def _from_service(remote: Any, config: ServiceConfig, watch: ServiceWatch) -> Any:
-    """``remote`` read through the service; an empty chunk after its end marks the end."""
+    """``remote`` read through the service, each request and arrival told to ``watch``.
+
+    A zip asks its inputs in order, so a request's mark runs just before the read that may
+    block; its index goes with the chunk to the arrival's mark. An empty chunk after the
+    read's end marks the end.
+    """
     read = remote.apply(
         tf.data.experimental.service.distribute("distributed_epoch", config.address)
     )
     end = tf.data.Dataset.from_tensors(empty_batch(read.element_spec))
-    marked = _marked(read.concatenate(end), watch.arrived)
-    return marked.filter(lambda *e: tf.shape(tf.nest.flatten(e)[0], out_type=tf.int64)[0] > 0)
+
+    def ask(index: Any) -> Any:
+        watch.asked(int(index))
+        return index
+
+    def note(index: Any, size: Any) -> Any:
+        watch.arrived(int(index), int(size))
+        return size
+
+    def arrival(index: Any, element: Any) -> Any:
+        size = tf.shape(tf.nest.flatten(element)[0], out_type=tf.int64)[0]
+        done = tf.py_function(note, [index, size], tf.int64)
+        with tf.control_dependencies([done]):
+            return tf.nest.map_structure(tf.identity, element)
+
+    asks = tf.data.Dataset.counter().map(lambda i: tf.py_function(ask, [i], tf.int64))
+    arrivals = tf.data.Dataset.zip((asks, read.concatenate(end))).map(arrival)
+    return arrivals.filter(lambda *e: tf.shape(tf.nest.flatten(e)[0], out_type=tf.int64)[0] > 0)
 
 
 # ------------------------------------------------------------------------- the pipelines
@@ -455,7 +343,7 @@ def synchronous_dataset(
     dataset = _from_service(remote.batch(step), config, watch).unbatch()
     local = _local_recipe(recipe)
     dataset = worker_stages(local, dataset, workers, index, deterministic=False)
-    return _marked(dataset, lambda _: watch.took())
+    return dataset
 
 
 def distributed_epoch_dataset(
@@ -475,9 +363,7 @@ def distributed_epoch_dataset(
         dataset = split_steps(dataset, local)
     off = tf.data.experimental.AutoShardPolicy.OFF
     local_recipe = _local_recipe(recipe)
-    return _marked(
-        with_options(local_recipe, dataset, off, deterministic=False), lambda _: watch.took()
-    )
+    return with_options(local_recipe, dataset, off, deterministic=False)
 
 
 def distribute(
