@@ -162,6 +162,25 @@ def framework_errors() -> Any:
     return errors
 
 
+def service_distribute(address: str, *, task_refresh_interval_ms: int) -> Any:
+    """``tf.data.experimental.service.distribute("distributed_epoch", address)`` with the
+    client's task refresh interval set (``data_service_ops._distribute``'s
+    ``task_refresh_interval_hint_ms``, not in the public function).
+
+    The client learns that a job's tasks are done by asking the dispatcher at this interval
+    (TensorFlow's default 1 s), so every epoch ends up to one interval late. Falls back to the
+    public function when the private one is gone.
+    """
+    try:
+        from tensorflow.python.data.experimental.ops import data_service_ops
+
+        return data_service_ops._distribute(
+            "distributed_epoch", address, task_refresh_interval_hint_ms=task_refresh_interval_ms
+        )
+    except (ImportError, AttributeError, TypeError):
+        return tf.data.experimental.service.distribute("distributed_epoch", address)
+
+
 def distributed_variable(variable: Any) -> Any | None:
     """The ``tf.Variable`` behind ``variable`` (Keras 3 wraps it in ``.value``), or None.
 
@@ -220,6 +239,7 @@ __all__ = [
     "keras",
     "optimizer_batch_counter",
     "runtime_initialized",
+    "service_distribute",
     "tensorflow_flavour",
     "tf",
 ]
