@@ -5,17 +5,16 @@ measure from the batch indices Keras passes to its hooks (host-side integers, no
 read), and only at those log points reads the optimizer's iteration count (the exact step,
 also under ``steps_per_execution > 1``) and the host clock. Counting examples is
 :mod:`tfdp_utils.example_counts`' job, which worker this is :mod:`tfdp_utils.topology`'s,
-the run and tag names are :mod:`tfdp_utils.throughput_tags`', and the event files are
-written by :mod:`tfdp_utils.callbacks.event_writer`.
+the run and tag names are :mod:`tfdp_utils.throughput_tags`', the per-``fit`` state and
+clock :mod:`tfdp_utils.callbacks.fit_state`'s, and the event files are written by
+:mod:`tfdp_utils.callbacks.event_writer`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import threading
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,6 +23,16 @@ from tfdp_utils import throughput_tags as tags
 from tfdp_utils._tf import keras, tf
 from tfdp_utils._validate import boolean, positive_int
 from tfdp_utils.callbacks.event_writer import RunWriters
+from tfdp_utils.callbacks.fit_state import (
+    UNBOUNDED,
+    FitData,
+    FitState,
+    PausableClock,
+    Placement,
+    local_devices,
+    memory_devices,
+    tf_config_has_several_workers,
+)
 from tfdp_utils.dataset_info import DatasetInfo
 from tfdp_utils.example_counts import ExampleCounter
 from tfdp_utils.throughput import ThroughputMeter, ThroughputWindow, spread, window_plan
@@ -31,126 +40,6 @@ from tfdp_utils.throughput_tags import GLOBAL_RUN, replica_run, worker_run
 
 _Callback: Any = keras.callbacks.Callback
 _EPOCH_START = "epoch_start"
-_UNBOUNDED = 2**62
-
-
-def _local_devices(strategy: Any) -> tuple[str, ...]:
-    """The devices of this worker's replicas, in replica order."""
-    try:
-        return tuple(strategy.extended.worker_devices)
-    except (RuntimeError, AttributeError, NotImplementedError):
-        # The default strategy (no tf.distribute in use) has no worker_devices; its one
-        # replica runs where TensorFlow places ops: the first GPU if there is one.
-        gpus = tf.config.list_logical_devices("GPU")
-        return (gpus[0].name,) if gpus else ("/device:CPU:0",)
-
-
-def _memory_devices(replicas: tuple[int, ...], devices: tuple[str, ...]) -> dict[int, str]:
-    """Replica id -> device name, for this worker's replicas whose device reports memory."""
-    found: dict[int, str] = {}
-    for replica, device in zip(replicas, devices, strict=False):
-        name = device.rsplit("device:", 1)[-1]
-        if name.upper().startswith("CPU"):
-            continue  # TensorFlow reports zeros (or raises ValueError) for the CPU
-        try:
-            tf.config.experimental.get_memory_info(name)
-        except (ValueError, tf.errors.OpError):
-            continue  # the CPU reports no memory
-        found[replica] = name
-    return found
-
-
-def _tf_config_has_several_workers() -> bool:
-    """Whether TF_CONFIG names more than one training worker (chief + workers)."""
-    environ = {"TF_CONFIG": os.environ.get("TF_CONFIG", "")}  # TF_CONFIG only, not SLURM
-    try:
-        return topology.position_from_environment(environ).is_multi_worker
-    except ValueError:
-        # A malformed TF_CONFIG fails loudly where the cluster is built; a property Keras
-        # reads must not raise, so here it counts as one worker.
-        return False
-
-
-@dataclasses.dataclass(frozen=True)
-class Placement:
-    """Where one ``fit`` trains: its strategy, this worker's position and memory devices."""
-
-    strategy: Any
-    num_replicas: int
-    position: topology.WorkerPosition
-    memory_devices: Mapping[int, str]
-
-
-class PausableClock:
-    """Host seconds (``time.perf_counter``) that stand still while any pause is held.
-
-    Pauses are named (``"validation"``, ``"epoch_start"``), so that one ending never restarts
-    the clock while another is still held.
-    """
-
-    def __init__(self) -> None:
-        self._excluded = 0.0
-        self._paused_at: float | None = None
-        self._reasons: set[str] = set()
-
-    def now(self) -> float:
-        """Seconds so far, the paused spans left out."""
-        now = self._paused_at if self._paused_at is not None else time.perf_counter()
-        return now - self._excluded
-
-    def pause(self, reason: str = "validation") -> None:
-        """Hold the clock for ``reason`` (validation starts, an epoch ends)."""
-        if not self._reasons:
-            self._paused_at = time.perf_counter()
-        self._reasons.add(reason)
-
-    def resume(self, reason: str = "validation") -> float:
-        """Release ``reason``; the clock runs again when no pause is held.
-
-        Returns:
-            Seconds since the clock stopped, when this release restarts it; else 0.
-        """
-        if reason not in self._reasons:
-            return 0.0
-        self._reasons.discard(reason)
-        if self._reasons or self._paused_at is None:
-            return 0.0
-        held = time.perf_counter() - self._paused_at
-        self._excluded += held
-        self._paused_at = None
-        return held
-
-    def held(self, reason: str) -> bool:
-        """Whether a pause for ``reason`` is held."""
-        return reason in self._reasons
-
-
-class _FitData:
-    """What the current ``fit`` trains on: the builder's info, or what kind of data it is."""
-
-    def __init__(self, x: Any) -> None:
-        self.info = dataset_info.info_of(x)
-        self.kind = f"a {type(x).__name__}"
-
-
-@dataclasses.dataclass
-class FitState:
-    """What one ``fit`` measures: a new one at every train begin, dropped at train end."""
-
-    placement: Placement
-    counter: ExampleCounter
-    meter: ThroughputMeter
-    clock: PausableClock
-    log_every_n_steps: int
-    warmup_steps: int
-    accumulation_steps: int = 1  # batches per optimizer update (gradient accumulation)
-    next_check: int = _UNBOUNDED
-    steps_in_epoch: int = _UNBOUNDED
-    written_step: int = -1  # the step of the last counts written
-    last_window: ThroughputWindow | None = None
-    last_spread: tuple[float, float, float] | None = None
-    peak_memory: dict[int, int] = dataclasses.field(default_factory=dict)
-    epoch_starts: list[float] = dataclasses.field(default_factory=list)
 
 
 class ThroughputLogger(_Callback):  # type: ignore[misc]
@@ -285,7 +174,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         self._carried: tuple[int, ...] = ()  # counts at the end of the last fit
         self._summary: dict[str, Any] = {}
         self._fit: FitState | None = None  # set from train begin to train end
-        self._fit_data: _FitData | None = None  # set by fit_binding for one fit
+        self._fit_data: FitData | None = None  # set by fit_binding for one fit
         fit_binding.install()
 
     def _dataset_info(self, dataset: Any) -> DatasetInfo | None:
@@ -319,7 +208,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
             strategy = tf.distribute.get_strategy()
         if topology.is_multi_worker(strategy):
             return False
-        return not _tf_config_has_several_workers()
+        return not tf_config_has_several_workers()
 
     # ------------------------------------------------------------------ hooks
 
@@ -412,7 +301,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
     def on_epoch_begin(self, epoch: int, logs: Mapping[str, Any] | None = None) -> None:
         steps = (getattr(self, "params", None) or {}).get("steps")
         if self._fit is not None:
-            self._fit.steps_in_epoch = int(steps) if steps else _UNBOUNDED
+            self._fit.steps_in_epoch = int(steps) if steps else UNBOUNDED
 
     def on_train_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
         # Runs every step (off the training thread on Keras 3): integers only until a log point.
@@ -474,7 +363,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         position = topology.position_of(strategy)
         memory: dict[int, str] = {}
         if self.memory and self.per_replica:
-            memory = _memory_devices(position.local_replicas, _local_devices(strategy))
+            memory = memory_devices(position.local_replicas, local_devices(strategy))
         return Placement(strategy, int(strategy.num_replicas_in_sync), position, memory)
 
     def _run_names(self, position: topology.WorkerPosition) -> list[str]:
@@ -520,7 +409,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         with the layout of exactly this call's training data, never with state left by
         another dataset, another model or another ``fit``.
         """
-        self._fit_data = None if x is None else _FitData(x)
+        self._fit_data = None if x is None else FitData(x)
 
     def _final_point(self, fit: FitState, final: int) -> None:
         """Write the fit's last point: its exact counts, and the rate of the last (partial)

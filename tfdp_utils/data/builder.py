@@ -10,18 +10,21 @@ info (:mod:`~tfdp_utils.data.attach`).
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import logging
-import os
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, cast
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from tfdp_utils import dataset_info
 from tfdp_utils._tf import tf
 from tfdp_utils._validate import boolean, positive_int
-from tfdp_utils._validate import strategy as check_strategy
-from tfdp_utils.batching import split_batch_size
 from tfdp_utils.data import self_batched, single_device
+from tfdp_utils.data.arguments import (
+    BuilderCall,
+    check_map_fn,
+    per_replica_size,
+    split_options,
+    strategy_or_default,
+    validate_call,
+)
 from tfdp_utils.data.attach import attach
 from tfdp_utils.data.diagnostics import BuildFacts, Finding, diagnose
 from tfdp_utils.data.epochs import (
@@ -53,92 +56,6 @@ from tfdp_utils.data.sources import (
 from tfdp_utils.topology import position_of
 
 logger = logging.getLogger("tfdp_utils")
-
-
-# -------------------------------------------------------------------------- validation
-
-
-def _strategy_or_default(strategy: Any, caller: str | None = "build_distributed_dataset") -> Any:
-    """``strategy``, or the strategy in scope; warns when that is the default one by mistake.
-
-    ``caller`` names the function in the warning; None does not warn.
-    """
-    if strategy is not None:
-        return strategy
-    resolved = tf.distribute.get_strategy()
-    if caller is None or tf.distribute.has_strategy():
-        return resolved
-    built = dataset_info.last_strategy()
-    replicas = int(getattr(built, "num_replicas_in_sync", 1)) if built is not None else 1
-    if replicas > 1:
-        logger.warning(
-            "tfdp_utils: %s(strategy=None) outside any strategy scope uses TensorFlow's "
-            "default strategy (1 replica), but auto_strategy() built %s with %d replicas in "
-            "this process: the data will not be split over those replicas. Pass "
-            "strategy=strategy, or call %s inside `with strategy.scope():`.",
-            caller,
-            type(built).__name__,
-            replicas,
-            caller,
-        )
-    return resolved
-
-
-def _per_replica_size(
-    global_batch_size: int | None, per_replica_batch_size: int | None, replicas: int, strategy: Any
-) -> int:
-    if (global_batch_size is None) == (per_replica_batch_size is None):
-        got = "both" if global_batch_size is not None else "neither"
-        raise ValueError(
-            f"pass exactly one of global_batch_size and per_replica_batch_size, but received "
-            f"{got} (global_batch_size={global_batch_size!r}, "
-            f"per_replica_batch_size={per_replica_batch_size!r}). The global size is split "
-            f"over the {replicas} replica(s) in sync; e.g. global_batch_size={32 * replicas} or "
-            "per_replica_batch_size=32."
-        )
-    if per_replica_batch_size is not None:
-        return positive_int(per_replica_batch_size, "per_replica_batch_size")
-    where = f" of {type(strategy).__name__}"
-    return split_batch_size(cast(int, global_batch_size), replicas, where=where)
-
-
-def _split_options(options: Any) -> tuple[Any, Any]:
-    """``(tf.data.Options or None, tf.distribute.InputOptions or None)`` from ``options``."""
-    if options is None:
-        return None, None
-    if isinstance(options, tf.data.Options):
-        return options, None
-    if isinstance(options, tf.distribute.InputOptions):
-        return None, options
-    raise TypeError(
-        f"options of type {type(options).__name__} is not supported; pass a tf.data.Options "
-        "or a tf.distribute.InputOptions."
-    )
-
-
-def _check_map_fn(map_fn: Any, element_spec: Any) -> None:
-    if map_fn is None:
-        return
-    if not callable(map_fn):
-        raise TypeError(f"map_fn={map_fn!r} is not callable; pass a function of one element.")
-    arity = len(element_spec) if isinstance(element_spec, tuple) else 1
-    try:
-        signature = inspect.signature(map_fn)
-    except (TypeError, ValueError):  # builtins and some C callables have none
-        return
-    try:
-        signature.bind(*([None] * arity))
-    except TypeError:
-        structure = (
-            f"a tuple of {arity} components, which tf.data passes as {arity} arguments"
-            if isinstance(element_spec, tuple)
-            else f"a single {'dict' if isinstance(element_spec, Mapping) else 'value'}, "
-            "passed as one argument"
-        )
-        raise ValueError(
-            f"map_fn{signature} cannot take the dataset's elements: each element is "
-            f"{structure}. Change map_fn to accept {arity} positional argument(s)."
-        ) from None
 
 
 # ----------------------------------------------------------------------- gathering facts
@@ -204,7 +121,7 @@ class _Elements:
         """
         element_spec = self.spec(plan, index)
         if element_spec is not None:
-            _check_map_fn(self.map_fn, element_spec)
+            check_map_fn(self.map_fn, element_spec)
         needed = needs_element_check(
             plan.examples_per_worker,
             repeat=repeat,
@@ -269,7 +186,7 @@ def plan_sharding(
         'data'
     """
     # With num_workers given, the strategy only sets the replicas: nothing to warn about.
-    strategy = _strategy_or_default(strategy, "plan_sharding" if num_workers is None else None)
+    strategy = strategy_or_default(strategy, "plan_sharding" if num_workers is None else None)
     replicas = int(strategy.num_replicas_in_sync)
     workers = position_of(strategy).num_workers
     if num_workers is not None:
@@ -277,7 +194,7 @@ def plan_sharding(
         replicas = max(replicas, workers)
     per_replica = None
     if global_batch_size is not None or per_replica_batch_size is not None:
-        per_replica = _per_replica_size(
+        per_replica = per_replica_size(
             global_batch_size, per_replica_batch_size, replicas, strategy
         )
     check_policy(shard_policy)
@@ -414,20 +331,9 @@ def build_distributed_dataset(
         3
     """
     arguments = dict(locals())  # the call, kept for single_device_dataset()
-    # Validate.
-    if strategy is not None:
-        check_strategy(strategy)
-    strategy = _strategy_or_default(strategy)
-    if seed is not None:
-        seed = positive_int(seed, "seed", minimum=0, hint="Pass an integer seed such as 42.")
-    cache = _check_cache(cache)
-    drop_remainder = boolean(drop_remainder, "drop_remainder")
-    prefetch = boolean(prefetch, "prefetch")
-    count_examples = boolean(count_examples, "count_examples")
-    service_config = check_service(service, service_mode, service_timeout)
-    replicas = int(strategy.num_replicas_in_sync)
-    check_policy(shard_policy)
-    position = position_of(strategy)
+    call = validate_call(arguments)
+    position = position_of(call.strategy)
+    replicas = int(call.strategy.num_replicas_in_sync)
     # What the source's elements are: examples, or batches (self_batched).
     batches, source = self_batched.inspect_source(
         source,
@@ -436,84 +342,115 @@ def build_distributed_dataset(
         context=tf.distribute.InputContext(position.num_workers, position.index, replicas),
     )
     if batches.kind == "batch" and source_kind(source) == "function":
-        return _function_batches(strategy, source, batches, arguments)
+        return _function_batches(call.strategy, source, batches, arguments)
     global_batch_size = self_batched.batch_size_of_batches(
         batches, global_batch_size, per_replica_batch_size
     )
-    per_replica = _per_replica_size(global_batch_size, per_replica_batch_size, replicas, strategy)
+    per_replica = per_replica_size(
+        global_batch_size, per_replica_batch_size, replicas, call.strategy
+    )
     _log(self_batched.element_findings(batches, per_replica * replicas))
     shape = StepShape(per_replica, replicas, position.num_workers)
-    if shuffle_buffer_size is not None:
-        shuffle_buffer_size = positive_int(shuffle_buffer_size, "shuffle_buffer_size")
-    data_options, input_options = _split_options(options)
-    read = reader or tf.data.TFRecordDataset
-    repeats = check_repeat(repeat)
-    # Gather facts and plan.
-    raw_source = source  # arrays stay arrays for the service
+    planned = _plan_call(call, source, batches, shape, position.index, shard_policy, map_fn)
+    dist = _build_call(call, planned, raw_source=source, map_fn=map_fn)
+    info = dataset_info_for(
+        planned.epochs, shape, repeat=call.repeat, infinite=planned.facts.infinite
+    )
+    if call.service is not None and call.service.mode == "distributed_epoch":
+        # The service hands out its batches dynamically: how many steps, and what each
+        # replica's last one holds, is known only once the epoch has ended.
+        info = dataclasses.replace(info, exact=False)
+    return single_device.remember(attach(dist, info, planned.plan), arguments, self_batching=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Planned:
+    """What the planning phase decided: the source as read, its facts, the plan, the epochs."""
+
+    source: Any
+    facts: SourceFacts
+    plan: ShardingPlan
+    epochs: Any
+    shape: StepShape
+
+
+def _plan_call(
+    call: BuilderCall,
+    source: Any,
+    batches: self_batched.SourceElements,
+    shape: StepShape,
+    worker_index: int,
+    shard_policy: str,
+    map_fn: Callable[..., Any] | None,
+) -> _Planned:
+    """Gather facts about the source, plan sharding and epochs, and log the diagnosis."""
     source, facts = _gather(
         source,
         shard_policy=shard_policy,
-        reader=read,
-        count_examples=count_examples,
+        reader=call.reader,
+        count_examples=call.count_examples,
         elements=batches,
     )
     plan = plan_from_facts(
         facts,
         shard_policy=shard_policy,
         num_workers=shape.num_workers,
-        per_replica_batch_size=per_replica,
+        per_replica_batch_size=shape.per_replica_batch_size,
         replicas_per_worker=shape.replicas_per_worker,
-        drop_remainder=drop_remainder,
+        drop_remainder=call.drop_remainder,
     )
-    if service_config is not None:
-        plan = service_plan(plan, service_config, cache=cache)
-    elements = _Elements(source, facts, read, map_fn)
-    dense = elements.check(plan, position.index, repeats, drop_remainder, shape)
+    if call.service is not None:
+        plan = service_plan(plan, call.service, cache=call.cache)
+    elements = _Elements(source, facts, call.reader, map_fn)
+    dense = elements.check(plan, worker_index, call.repeat, call.drop_remainder, shape)
     epochs = plan_epochs(
-        plan.examples_per_worker, shape, drop_remainder=drop_remainder, repeat=repeats, dense=dense
+        plan.examples_per_worker,
+        shape,
+        drop_remainder=call.drop_remainder,
+        repeat=call.repeat,
+        dense=dense,
     )
-    if not repeats:
-        _check_not_empty_by_dropping(epochs, shape, drop_remainder=drop_remainder)
-    # Diagnose.
-    shuffling = shuffle_buffer_size is not None
+    if not call.repeat:
+        _check_not_empty_by_dropping(epochs, shape, drop_remainder=call.drop_remainder)
     diagnosis = BuildFacts(
         plan,
         facts,
         epochs,
         shape,
-        shuffling=shuffling,
-        seed=seed,
-        repeat=repeats,
-        drop_remainder=drop_remainder,
+        shuffling=call.shuffle_buffer_size is not None,
+        seed=call.seed,
+        repeat=call.repeat,
+        drop_remainder=call.drop_remainder,
     )
     _log(diagnose(diagnosis))
-    # Build and attach.
+    return _Planned(source, facts, plan, epochs, shape)
+
+
+def _build_call(
+    call: BuilderCall, planned: _Planned, *, raw_source: Any, map_fn: Callable[..., Any] | None
+) -> Any:
+    """The pipeline, inside the strategy (through the tf.data service when asked)."""
+    shuffling = call.shuffle_buffer_size is not None
     recipe = Recipe(
-        plan,
-        shape,
-        epochs,
+        planned.plan,
+        planned.shape,
+        planned.epochs,
         map_fn=map_fn,
-        reader=read,
-        shuffle_buffer_size=shuffle_buffer_size,
-        seed=shuffle_seed(plan, seed, shuffling=shuffling),
-        repeat=bool(repeats),
-        cache=cache,
-        drop_remainder=drop_remainder,
-        prefetch=prefetch,
-        data_options=data_options,
+        reader=call.reader,
+        shuffle_buffer_size=call.shuffle_buffer_size,
+        seed=shuffle_seed(planned.plan, call.seed, shuffling=shuffling),
+        repeat=bool(call.repeat),
+        cache=call.cache,
+        drop_remainder=call.drop_remainder,
+        prefetch=call.prefetch,
+        data_options=call.data_options,
     )
-    if service_config is None:
-        dist = _distribute(strategy, recipe, source, input_options)
-    else:
-        dist = distribute_with_service(
-            strategy, recipe, source, raw_source, input_options, service_config
-        )
-    info = dataset_info_for(epochs, shape, repeat=repeats, infinite=facts.infinite)
-    if service_config is not None and service_config.mode == "distributed_epoch":
-        # The service hands out its batches dynamically: how many steps, and what each
-        # replica's last one holds, is known only once the epoch has ended.
-        info = dataclasses.replace(info, exact=False)
-    return single_device.remember(attach(dist, info, plan), arguments, self_batching=False)
+    if call.service is None:
+        return _distribute(call.strategy, recipe, planned.source, call.input_options)
+    # Arrays stay arrays for the service, which splits each trainer's share itself.
+    return distribute_with_service(
+        call.strategy, recipe, planned.source, raw_source, call.input_options, call.service
+    )
 
 
 def _function_batches(
@@ -531,7 +468,7 @@ def _function_batches(
         per_replica_batch_size=arguments["per_replica_batch_size"],
         replicas=replicas,
     )
-    data_options, input_options = _split_options(arguments["options"])
+    data_options, input_options = split_options(arguments["options"])
     dist, info, plan, findings = self_batched.distribute_function_batches(
         strategy,
         source,
@@ -546,21 +483,6 @@ def _function_batches(
     )
     _log(findings)
     return single_device.remember(attach(dist, info, plan), arguments, self_batching=True)
-
-
-def _check_cache(cache: Any) -> bool | str:
-    """``cache`` as True/False (memory or none) or a file prefix; a path-like is a prefix."""
-    if isinstance(cache, bool) or type(cache).__name__ == "bool_":
-        return bool(cache)
-    if isinstance(cache, os.PathLike):
-        cache = os.fspath(cache)
-    if isinstance(cache, str) and cache:
-        return cache
-    raise TypeError(
-        f"cache must be True (cache in memory), False (no cache) or a file prefix (a non-empty "
-        f"str or pathlib.Path), but received {cache!r} of type {type(cache).__name__}. Pass "
-        "cache=True to cache in memory, or cache='/path/to/prefix' to cache in files."
-    )
 
 
 def _check_not_empty_by_dropping(epochs: Any, shape: StepShape, *, drop_remainder: bool) -> None:
