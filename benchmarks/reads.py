@@ -20,7 +20,7 @@ Three parts, each timed side by side in one process (pipelines alternate, median
    data-service`` on this machine (synchronous mode: reads on the service workers, batching
    on the trainer).
 
-Run: ``.venv/bin/python benchmarks/reads.py`` (about 3 minutes); ``--json`` prints the raw
+Run: ``.venv/bin/python benchmarks/reads.py`` (about 90 s); ``--json`` prints the raw
 figures, ``--rounds N`` changes the rounds (default 7), ``--skip-service`` leaves out part 3.
 """
 
@@ -42,13 +42,11 @@ from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-OPEN_S = 0.03
-ELEMENT_S = 0.015
-STEP_S = 0.01
-NUM_FILES = 8
-ELEMENTS_PER_FILE = 10
-BATCH = 4
-EPOCHS = 2
+# The guide's fixture, shared with benchmarks/data.py (this folder is on sys.path when a
+# benchmark runs as a script).
+from data import BATCH, ELEMENT_S, ELEMENTS_PER_FILE, EPOCHS, NUM_FILES, OPEN_S, STEP_S
+from data import artificial_reader as python_reader
+
 STEPS_PER_EPOCH = NUM_FILES * ELEMENTS_PER_FILE // BATCH
 PHYSICAL_LIMIT_S = EPOCHS * (OPEN_S + ELEMENT_S + STEPS_PER_EPOCH * STEP_S)
 
@@ -56,21 +54,6 @@ CPU_RECORDS_PER_FILE = 256
 CPU_SIDE = 96
 CPU_MATMULS = 12
 CPU_BATCH = 32
-
-
-def python_reader(path: Any) -> Any:
-    """The guide's ArtificialDataset: a file that is slow to open and slow to read."""
-    import tensorflow as tf
-
-    def generate(name: bytes) -> Any:
-        time.sleep(OPEN_S)
-        for index in range(ELEMENTS_PER_FILE):
-            time.sleep(ELEMENT_S)
-            yield index
-
-    return tf.data.Dataset.from_generator(
-        generate, output_signature=tf.TensorSpec([], tf.int64), args=(path,)
-    )
 
 
 def graph_reader(path: Any) -> Any:
