@@ -558,10 +558,12 @@ def test_epoch_starts_are_measured_and_left_out_of_the_rates(tmp_path: Path) -> 
     summary = logger.summary()
     starts = summary["epoch_start_seconds"]
     assert len(starts) == 4 == len(timer.gaps)
-    # Each epoch start agrees with the second clock (which starts a moment later at train
-    # begin and a moment earlier at an epoch end, so the logger's is at least as long).
+    # Each epoch start agrees with the second clock. The two differ only by the callbacks'
+    # own dispatch: the timer's hooks run after the logger's at both ends (it starts later at
+    # an epoch end and stops later at the first step), a few milliseconds on an idle machine,
+    # more when the test shares its cores.
     for ours, theirs in zip(starts, timer.gaps, strict=True):
-        assert theirs - 0.005 <= ours <= theirs + 0.05, (starts, timer.gaps)
+        assert theirs - 0.05 <= ours <= theirs + 0.05, (starts, timer.gaps)
     assert all(s >= 0.4 for s in starts[1:]), starts
     # Three boundaries of >= 0.4 s are in the wall time, and in no window.
     assert summary["measured_seconds"] < wall - 3 * 0.4, (summary["measured_seconds"], wall)
