@@ -67,7 +67,6 @@ At 100 ms the dispatcher answers ten small requests a second per trainer."""
 
 DEFAULT_SERVICE_TIMEOUT = 300.0
 """Seconds a trainer waits for the service: to answer at start, and for data while training."""
-"""Environment variable that replaces :data:`DEFAULT_SERVICE_TIMEOUT`."""
 
 
 class ServiceTimeoutError(TimeoutError):

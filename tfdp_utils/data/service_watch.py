@@ -24,6 +24,7 @@ from tfdp_utils.waiting import WaitProgress
 logger = logging.getLogger("tfdp_utils")
 
 SERVICE_TIMEOUT_VARIABLE = "TFDP_SERVICE_TIMEOUT"
+"""Environment variable that replaces the default ``service_timeout``."""
 CHANGE = f"build_distributed_dataset(service_timeout=SECONDS) or {SERVICE_TIMEOUT_VARIABLE}"
 """How a user changes the bound, for the messages."""
 
@@ -122,8 +123,7 @@ class ServiceWatch:
             waited = self._clock() - since
             if self._progress is None:
                 self._progress = WaitProgress(
-                    f"data from the tf.data service at {self.address} (a request for the "
-                    "next chunk is unanswered for this long)",
+                    f"the next chunk of data from the tf.data service at {self.address}",
                     bound=self.timeout,
                     change=CHANGE,
                     interval=self._interval,
