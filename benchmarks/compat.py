@@ -37,7 +37,7 @@ from tfdp_utils import (  # noqa: E402
 )
 
 keras = tf.keras
-from tfdp_utils.compat import keras_19246  # noqa: E402
+from tfdp_utils.compat import _keras_19246 as keras_19246  # noqa: E402
 
 
 def make_model(strategy: Any, steps_per_execution: int) -> Any:

@@ -85,8 +85,8 @@ def previous_read_stage() -> Iterator[None]:
     """The read stage before latency sizing: AUTOTUNE parallelism on the default pool."""
     import tensorflow as tf
 
-    from tfdp_utils.data import pipeline
-    from tfdp_utils.data.sharding import MAX_PARALLEL_FILES
+    from tfdp_utils.data import _pipeline as pipeline
+    from tfdp_utils.data._sharding import MAX_PARALLEL_FILES
 
     def read_files(recipe: Any, index: int) -> Any:
         files = recipe.plan.files_per_worker[index]

@@ -224,7 +224,7 @@ def test_bad_arguments_are_rejected(strategy, kwargs, error, pattern):
 
 
 def test_jit_compile_auto_is_off_on_cpus(strategy):
-    from tfdp_utils.training import resolve_jit_compile
+    from tfdp_utils.training._step import resolve_jit_compile
 
     assert resolve_jit_compile("auto", strategy) is False
     assert resolve_jit_compile(True, strategy) is True

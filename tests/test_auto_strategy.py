@@ -13,9 +13,9 @@ import pytest
 from conftest import NUM_LOGICAL_CPUS, free_port, run_python, start_python, tf_config, wait_all
 
 import tfdp_utils as tdu
-from tfdp_utils import dataset_info
 from tfdp_utils._tf import tf
-from tfdp_utils.strategy import explain
+from tfdp_utils.data import _info as dataset_info
+from tfdp_utils.strategy._choice import explain
 
 
 def test_four_logical_cpus_give_mirrored(caplog):

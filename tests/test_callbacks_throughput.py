@@ -15,10 +15,10 @@ import tensorflow as tf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tfdp_utils import compat
-from tfdp_utils import throughput_tags as tags
 from tfdp_utils._tf import IS_KERAS3, keras
 from tfdp_utils.callbacks import ThroughputLogger
-from tfdp_utils.dataset_info import DatasetInfo
+from tfdp_utils.data._info import DatasetInfo
+from tfdp_utils.throughput import _tags as tags
 
 pytestmark = pytest.mark.keras
 

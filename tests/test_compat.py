@@ -20,8 +20,11 @@ import pytest
 import tfdp_utils as tdu
 from tfdp_utils import compat
 from tfdp_utils._tf import IS_KERAS3, keras, tf
-from tfdp_utils.compat import keras_19246, keras_20582, keras_20585, tf_72388
-from tfdp_utils.compat._base import keras3_trainer_module
+from tfdp_utils.compat import _keras_19246 as keras_19246
+from tfdp_utils.compat import _keras_20582 as keras_20582
+from tfdp_utils.compat import _keras_20585 as keras_20585
+from tfdp_utils.compat import _tf_72388 as tf_72388
+from tfdp_utils.compat._registry import keras3_trainer_module
 
 ISSUES = ("keras#20585", "tensorflow#72388", "keras#19246", "keras#20582")
 

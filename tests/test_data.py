@@ -17,16 +17,14 @@ import tensorflow as tf
 from id_metrics import id_metrics
 
 import tfdp_utils as tdu
-from tfdp_utils import dataset_info
-from tfdp_utils.data import (
+from tfdp_utils.data import _info as dataset_info
+from tfdp_utils.data import build_distributed_dataset, plan_sharding
+from tfdp_utils.data._epochs import epoch_layout, split_evenly
+from tfdp_utils.data._sharding import (
     DEFAULT_SHUFFLE_SEED,
     assign_files,
-    build_distributed_dataset,
     decide_policy,
-    epoch_layout,
     file_imbalance,
-    plan_sharding,
-    split_evenly,
     split_examples,
 )
 
@@ -409,7 +407,7 @@ def test_default_seed_for_data_sharding_is_documented() -> None:
 
 
 def test_info_is_attached_type_kept_and_fit_checks_installed() -> None:
-    from tfdp_utils import fit_binding
+    from tfdp_utils.compat import _fit_binding as fit_binding
 
     strategy = _mirrored(2)
     dist = build_distributed_dataset(np.arange(8), strategy=strategy, global_batch_size=4)
@@ -522,7 +520,7 @@ def test_fit_and_evaluate_without_steps_see_every_example_once(steps_per_executi
 def test_tf_keras_needs_the_dataset_steps_patch() -> None:
     from tfdp_utils import compat
     from tfdp_utils._tf import IS_KERAS3, keras
-    from tfdp_utils.compat import tf_keras_datasets
+    from tfdp_utils.compat import _tf_keras_datasets as tf_keras_datasets
 
     strategy = _mirrored(2)
     x = np.ones((8, 1), "float32")
@@ -544,7 +542,7 @@ def test_tf_keras_needs_the_dataset_steps_patch() -> None:
         assert compat.apply_for_datasets() is True
     model.fit(dist, epochs=2, verbose=0)
     assert int(model.optimizer.iterations.numpy()) == 4
-    # A repeating dataset still needs steps_per_epoch (tfdp_utils.fit_binding says so first,
+    # A repeating dataset still needs steps_per_epoch (tfdp_utils.compat._fit_binding says so first,
     # with the count; tf_keras' own error names no number).
     endless = build_distributed_dataset((x, x), strategy=strategy, global_batch_size=4, repeat=True)
     with pytest.raises(ValueError, match=r"never ends .* Pass steps_per_epoch=2 "):

@@ -19,9 +19,9 @@ import tensorflow as tf
 from conftest import Process, free_port, result_line, start_python, tf_config, wait_all
 
 import tfdp_utils as tdu
-from tfdp_utils.data import service as service_lib
-from tfdp_utils.data.pipeline import reader_threads
-from tfdp_utils.data.sharding import MAX_PARALLEL_FILES, ShardingPlan, parallel_reads
+from tfdp_utils.data._pipeline import reader_threads
+from tfdp_utils.data._sharding import MAX_PARALLEL_FILES, ShardingPlan, parallel_reads
+from tfdp_utils.data.service import _modes as service_lib
 
 pytestmark = pytest.mark.slow
 svc = tf.data.experimental.service

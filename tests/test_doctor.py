@@ -10,10 +10,12 @@ import sys
 import pytest
 from conftest import REPO
 
-from tfdp_utils import compat, doctor, doctor_checks
+from tfdp_utils import compat
 from tfdp_utils._tf import IS_KERAS3, keras, tf
 from tfdp_utils.callbacks import ThroughputLogger
-from tfdp_utils.doctor import Check, DoctorOptions, exit_code, format_table
+from tfdp_utils.doctor import _checks as doctor_checks
+from tfdp_utils.doctor import _command as doctor
+from tfdp_utils.doctor._command import Check, DoctorOptions, exit_code, format_table
 
 SELF_TESTS = (
     "2 replicas = 1 device",

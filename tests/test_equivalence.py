@@ -10,12 +10,8 @@ import pytest
 import tfdp_utils as tdu
 from tfdp_utils import demo
 from tfdp_utils._tf import keras, tf
-from tfdp_utils.equivalence import (
-    ReplicaDivergenceError,
-    ReplicaDivergenceWarning,
-    StepRecord,
-    compare_records,
-)
+from tfdp_utils.doctor._equivalence import StepRecord, compare_records
+from tfdp_utils.errors import ReplicaDivergenceError, ReplicaDivergenceWarning
 
 GLOBAL_BATCH = 16
 

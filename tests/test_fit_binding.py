@@ -16,10 +16,10 @@ import tensorflow as tf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import tfdp_utils as tdu
-from tfdp_utils import fit_binding
-from tfdp_utils import throughput_tags as tags
 from tfdp_utils._tf import IS_KERAS3, keras
 from tfdp_utils.callbacks import ThroughputLogger
+from tfdp_utils.compat import _fit_binding as fit_binding
+from tfdp_utils.throughput import _tags as tags
 
 pytestmark = pytest.mark.keras
 
@@ -260,7 +260,7 @@ def test_counts_stay_exact_under_gradient_accumulation(replicas: int, tmp_path: 
 def test_counts_from_an_inexact_layout_are_labelled_derived(tmp_path: Path) -> None:
     # A layout whose per-step counts are not known (DatasetInfo.exact=False: a self-batching
     # function, the tf.data service's distributed_epoch) is counted, and says it is derived.
-    from tfdp_utils.dataset_info import DatasetInfo
+    from tfdp_utils.data._info import DatasetInfo
 
     strategy = strategy_of(2)
     info = DatasetInfo(

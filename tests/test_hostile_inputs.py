@@ -20,8 +20,8 @@ from conftest import REPO
 
 import tfdp_utils as tdu
 from tfdp_utils._tf import keras
-from tfdp_utils.cluster import parse_slurm, parse_tf_config
-from tfdp_utils.faults import resolve_collective_timeout
+from tfdp_utils.cluster._config import parse_slurm, parse_tf_config
+from tfdp_utils.strategy._faults import resolve_collective_timeout
 
 
 def _strategy() -> Any:

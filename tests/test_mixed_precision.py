@@ -11,7 +11,7 @@ import pytest
 
 import tfdp_utils as tdu
 from tfdp_utils._tf import keras, tf
-from tfdp_utils.mixed_precision import current_loss_scale
+from tfdp_utils.training._mixed_precision import current_loss_scale
 
 pytestmark = pytest.mark.keras
 

@@ -16,7 +16,7 @@ import tensorflow as tf
 from id_metrics import id_metrics
 
 import tfdp_utils as tdu
-from tfdp_utils.fit_binding import StrategyMismatchError
+from tfdp_utils.errors import StrategyMismatchError
 
 WINDOW = 11  # 10 inputs and 10 targets per window, as the text-generation tutorial's split
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfdp_utils import report
-from tfdp_utils import throughput_tags as tags
-from tfdp_utils.throughput_tags import GLOBAL_RUN, replica_run, worker_run
+from tfdp_utils.throughput import _report as report
+from tfdp_utils.throughput import _tags as tags
+from tfdp_utils.throughput._tags import GLOBAL_RUN, replica_run, worker_run
 
 
 def write_run(log_dir: Path, run: str, series: dict[str, list[tuple[int, float]]]) -> None:

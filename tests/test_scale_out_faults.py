@@ -9,7 +9,7 @@ import pytest
 from conftest import run_python
 
 import tfdp_utils as tdu
-from tfdp_utils.faults import (
+from tfdp_utils.strategy._faults import (
     COLLECTIVE_TIMEOUT_VARIABLE,
     DEFAULT_COLLECTIVE_TIMEOUT,
     CollectiveWatchdog,
@@ -133,7 +133,7 @@ def test_watchdog_lets_go_of_the_training_frame_before_the_interpreter_finalizes
     result = run_python(
         """
         import sys, time
-        from tfdp_utils.faults import CollectiveWatchdog
+        from tfdp_utils.strategy._faults import CollectiveWatchdog
 
         class Iterator:
             def __del__(self):

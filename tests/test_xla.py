@@ -7,7 +7,7 @@ import logging
 import pytest
 
 import tfdp_utils as tdu
-from tfdp_utils.xla import keras_xla
+from tfdp_utils.strategy._xla import keras_xla
 
 
 @pytest.mark.parametrize(

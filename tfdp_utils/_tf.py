@@ -7,6 +7,7 @@ tf_keras when ``TF_USE_LEGACY_KERAS=1`` was set before TensorFlow resolved ``tf.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 _INSTALL_HINT = (
@@ -18,9 +19,11 @@ _INSTALL_HINT = (
 )
 
 try:
-    import tensorflow as tf
+    import tensorflow
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     raise ImportError(f"{_INSTALL_HINT}\n(import tensorflow failed: {exc})") from exc
+
+tf: Any = tensorflow
 
 
 def _resolve_keras() -> Any:
@@ -221,30 +224,15 @@ def optimizer_batch_counter(optimizer: Any) -> Any:
     return optimizer.iterations
 
 
-__all__ = [
-    "IS_KERAS3",
-    "KERAS_FLAVOUR",
-    "KERAS_VERSION",
-    "accept_tensor_logs",
-    "batch_arguments",
-    "bump_collective_keys",
-    "dataset_class_name",
-    "dataset_graph_ops",
-    "dataset_input",
-    "distributed_variable",
-    "eager_context",
-    "framework_errors",
-    "in_multi_worker_mode",
-    "input_context",
-    "keras",
-    "optimizer_batch_counter",
-    "runtime_initialized",
-    "service_distribute",
-    "tensorflow_flavour",
-    "tf",
-]
+def _register_keras_objects() -> None:
+    """Register tfdp-utils' Keras objects (``WarmupSchedule``) with Keras' deserializer.
 
-# Keras finds WarmupSchedule by its registered name when it loads a saved model: register it
-# whenever tfdp-utils touches TensorFlow (tfdp_utils/__init__ imports this module when
-# TensorFlow is already imported).
-from tfdp_utils import schedules as _schedules  # noqa: E402,F401
+    Keras finds WarmupSchedule by its registered name when it loads a saved model, so it is
+    registered whenever tfdp-utils touches TensorFlow (``tfdp_utils/__init__`` imports this
+    module when TensorFlow is already imported). Imported by name, not at the top: the
+    schedules module itself builds on this one.
+    """
+    importlib.import_module("tfdp_utils.schedules")
+
+
+_register_keras_objects()

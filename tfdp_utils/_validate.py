@@ -142,16 +142,3 @@ def env_seconds(name: str, text: str, *, example: float) -> float:
             f"{name} must be a number of seconds, but received {name}={text!r}. "
             f"Set it to e.g. {example:g}."
         ) from None
-
-
-__all__ = [
-    "TRUE_WORDS",
-    "boolean",
-    "env_flag",
-    "env_seconds",
-    "mapping",
-    "positive_float",
-    "positive_int",
-    "strategy",
-    "text",
-]

@@ -45,9 +45,9 @@ def environment_report() -> dict[str, Any]:
         from tfdp_utils._tf import IS_KERAS3, KERAS_VERSION, tensorflow_flavour, tf
     except ImportError as exc:
         return _report_without_tensorflow(__version__, exc)
-    from tfdp_utils.environment import detect_environment
-    from tfdp_utils.strategy import choose_strategy
-    from tfdp_utils.xla import keras_xla
+    from tfdp_utils.strategy._choice import choose_strategy
+    from tfdp_utils.strategy._detect import detect_environment
+    from tfdp_utils.strategy._xla import keras_xla
 
     report: dict[str, Any] = {
         "tfdp_utils": __version__,
@@ -168,7 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     env.add_argument("--json", action="store_true", help="print one JSON object")
     env.set_defaults(func=_cmd_env)
 
-    from tfdp_utils import demo, doctor
+    from tfdp_utils import demo
+    from tfdp_utils.doctor import _command as doctor
 
     doctor_parser = sub.add_parser(
         "doctor",
@@ -181,7 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_arguments(demo_parser)
     demo_parser.set_defaults(func=demo.run_from_args)
 
-    from tfdp_utils.data import service_servers  # imports TensorFlow only when a server starts
+    from tfdp_utils.data.service import (
+        _servers as service_servers,  # imports TensorFlow only when a server starts
+    )
 
     service_parser = sub.add_parser(
         "data-service",
@@ -203,7 +206,7 @@ def _optional_report() -> Any:
     import importlib
 
     try:
-        return importlib.import_module("tfdp_utils.report")
+        return importlib.import_module("tfdp_utils.throughput._report")
     except ImportError:  # pragma: no cover - the module ships with the package
         return None
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tfdp_utils import ClusterConfig, Environment, choose_strategy
-from tfdp_utils.cluster import parse_slurm, validate_cluster
+from tfdp_utils.cluster._config import parse_slurm, validate_cluster
 
 GPU8 = tuple(f"/device:GPU:{i}" for i in range(8))
 GPU2 = GPU8[:2]

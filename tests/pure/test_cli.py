@@ -20,7 +20,7 @@ from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 from tensorboard.util import tensor_util
 
 from tfdp_utils import cli
-from tfdp_utils import throughput_tags as tags
+from tfdp_utils.throughput import _tags as tags
 
 
 def write_run(folder: Path, series: dict[str, list[tuple[int, float]]]) -> Path:

@@ -11,14 +11,14 @@ import pytest
 from conftest import free_port
 
 from tfdp_utils import ClusterTimeoutError
-from tfdp_utils.cluster import (
+from tfdp_utils.cluster._config import (
     expand_hostlist,
     expand_tasks_per_node,
     parse_slurm,
     parse_tf_config,
     validate_cluster,
 )
-from tfdp_utils.rendezvous import wait_for_peers
+from tfdp_utils.cluster._rendezvous import wait_for_peers
 
 GOOD = {"cluster": {"worker": ["localhost:1111", "localhost:2222"]}, "task": {"type": "worker"}}
 
@@ -255,7 +255,7 @@ def test_own_port_taken_is_explained():
 def test_a_long_peer_wait_logs_progress_naming_the_peer_the_bound_and_the_fix(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from tfdp_utils import waiting
+    from tfdp_utils import _waiting as waiting
 
     monkeypatch.setattr(waiting, "PROGRESS_INTERVAL", 0.3)
     spec = {"worker": [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]}
@@ -269,7 +269,7 @@ def test_a_long_peer_wait_logs_progress_naming_the_peer_the_bound_and_the_fix(
 
 
 def test_wait_progress_lines_come_once_per_interval() -> None:
-    from tfdp_utils.waiting import WaitProgress
+    from tfdp_utils._waiting import WaitProgress
 
     now = [100.0]
     progress = WaitProgress("x", bound=90, change="Y", interval=30, clock=lambda: now[0])
@@ -301,7 +301,7 @@ def test_a_slurm_variable_that_is_no_number_is_named(name: str) -> None:
 def test_tf_config_without_a_cluster_trains_alone_and_says_so(
     value: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from tfdp_utils import cluster
+    from tfdp_utils.cluster import _config as cluster
 
     cluster._warn_no_cluster.cache_clear()
     with caplog.at_level("WARNING", logger="tfdp_utils"):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tfdp_utils.dataset_info import DatasetInfo
-from tfdp_utils.example_counts import ExampleCounter, even_split, examples_in_epoch_range
+from tfdp_utils.data._info import DatasetInfo
+from tfdp_utils.throughput._counts import ExampleCounter, even_split, examples_in_epoch_range
 
 # 5 full steps of 4 per replica, then a partial step split (3, 2) and an empty tail step.
 INFO = DatasetInfo(

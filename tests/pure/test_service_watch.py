@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tfdp_utils.data.service_watch import ServiceWatch
+from tfdp_utils.data.service._watch import ServiceWatch
 
 
 class Clock:

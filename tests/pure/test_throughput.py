@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tfdp_utils.throughput import ThroughputMeter, spread, window_plan
+from tfdp_utils.throughput._meter import ThroughputMeter, spread, window_plan
 
 
 def test_rates_cover_the_window_since_the_previous_update() -> None:

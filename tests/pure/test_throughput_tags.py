@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from tfdp_utils import throughput_tags as tags
+from tfdp_utils.throughput import _tags as tags
 
 
 def test_the_schema_is_pinned() -> None:

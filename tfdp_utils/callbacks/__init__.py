@@ -4,6 +4,6 @@ Each callback subclasses the ``Callback`` class of the Keras that ``tf.keras`` r
 in this process (Keras 3, or tf_keras under ``TF_USE_LEGACY_KERAS=1``).
 """
 
-from tfdp_utils.callbacks.throughput_logger import ThroughputLogger
+from tfdp_utils.callbacks._throughput_logger import ThroughputLogger
 
 __all__ = ["ThroughputLogger"]

@@ -43,21 +43,19 @@ from collections.abc import Iterable
 from typing import Any
 
 from tfdp_utils._validate import env_flag
-from tfdp_utils.compat import (
-    keras_19246,
-    keras_20582,
-    keras_20585,
-    tf_72388,
-    tf_keras_datasets,
-)
-from tfdp_utils.compat._base import (
-    KerasCompatError,
+from tfdp_utils.compat import _keras_19246 as keras_19246
+from tfdp_utils.compat import _keras_20582 as keras_20582
+from tfdp_utils.compat import _keras_20585 as keras_20585
+from tfdp_utils.compat import _tf_72388 as tf_72388
+from tfdp_utils.compat import _tf_keras_datasets as tf_keras_datasets
+from tfdp_utils.compat._registry import (
     Patch,
     Workaround,
     is_mirrored_family,
     keras3_trainer_module,
     keras_version,
 )
+from tfdp_utils.errors import KerasCompatError
 
 # A child of the package's "tfdp_utils" logger: configuring that one configures this too.
 logger = logging.getLogger("tfdp_utils.compat")

@@ -1,0 +1,143 @@
+"""What one ``fit`` looks like to the throughput logger: where it trains, its clock, its state.
+
+:class:`Placement` (strategy, worker position, devices that report memory), a
+:class:`PausableClock` that leaves validation and epoch boundaries out, and :class:`FitState`,
+the per-``fit`` measuring state that :class:`~tfdp_utils.callbacks.ThroughputLogger` creates at
+every train begin.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from tfdp_utils._tf import tf
+from tfdp_utils.cluster import _topology as topology
+from tfdp_utils.data import _info as dataset_info
+from tfdp_utils.throughput._counts import ExampleCounter
+from tfdp_utils.throughput._meter import ThroughputMeter, ThroughputWindow
+
+UNBOUNDED = 2**62
+"""A step count no fit reaches (no check planned, an epoch of unknown length)."""
+
+
+def local_devices(strategy: Any) -> tuple[str, ...]:
+    """The devices of this worker's replicas, in replica order."""
+    try:
+        return tuple(strategy.extended.worker_devices)
+    except (RuntimeError, AttributeError, NotImplementedError):
+        # The default strategy (no tf.distribute in use) has no worker_devices; its one
+        # replica runs where TensorFlow places ops: the first GPU if there is one.
+        gpus = tf.config.list_logical_devices("GPU")
+        return (gpus[0].name,) if gpus else ("/device:CPU:0",)
+
+
+def memory_devices(replicas: tuple[int, ...], devices: tuple[str, ...]) -> dict[int, str]:
+    """Replica id -> device name, for this worker's replicas whose device reports memory."""
+    found: dict[int, str] = {}
+    for replica, device in zip(replicas, devices, strict=False):
+        name = device.rsplit("device:", 1)[-1]
+        if name.upper().startswith("CPU"):
+            continue  # TensorFlow reports zeros (or raises ValueError) for the CPU
+        try:
+            tf.config.experimental.get_memory_info(name)
+        except (ValueError, tf.errors.OpError):
+            continue  # the CPU reports no memory
+        found[replica] = name
+    return found
+
+
+def tf_config_has_several_workers() -> bool:
+    """Whether TF_CONFIG names more than one training worker (chief + workers)."""
+    environ = {"TF_CONFIG": os.environ.get("TF_CONFIG", "")}  # TF_CONFIG only, not SLURM
+    try:
+        return topology.position_from_environment(environ).is_multi_worker
+    except ValueError:
+        # A malformed TF_CONFIG fails loudly where the cluster is built; a property Keras
+        # reads must not raise, so here it counts as one worker.
+        return False
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where one ``fit`` trains: its strategy, this worker's position and memory devices."""
+
+    strategy: Any
+    num_replicas: int
+    position: topology.WorkerPosition
+    memory_devices: Mapping[int, str]
+
+
+class PausableClock:
+    """Host seconds (``time.perf_counter``) that stand still while any pause is held.
+
+    Pauses are named (``"validation"``, ``"epoch_start"``), so that one ending never restarts
+    the clock while another is still held.
+    """
+
+    def __init__(self) -> None:
+        self._excluded = 0.0
+        self._paused_at: float | None = None
+        self._reasons: set[str] = set()
+
+    def now(self) -> float:
+        """Seconds so far, the paused spans left out."""
+        now = self._paused_at if self._paused_at is not None else time.perf_counter()
+        return now - self._excluded
+
+    def pause(self, reason: str = "validation") -> None:
+        """Hold the clock for ``reason`` (validation starts, an epoch ends)."""
+        if not self._reasons:
+            self._paused_at = time.perf_counter()
+        self._reasons.add(reason)
+
+    def resume(self, reason: str = "validation") -> float:
+        """Release ``reason``; the clock runs again when no pause is held.
+
+        Returns:
+            Seconds since the clock stopped, when this release restarts it; else 0.
+        """
+        if reason not in self._reasons:
+            return 0.0
+        self._reasons.discard(reason)
+        if self._reasons or self._paused_at is None:
+            return 0.0
+        held = time.perf_counter() - self._paused_at
+        self._excluded += held
+        self._paused_at = None
+        return held
+
+    def held(self, reason: str) -> bool:
+        """Whether a pause for ``reason`` is held."""
+        return reason in self._reasons
+
+
+class FitData:
+    """What the current ``fit`` trains on: the builder's info, or what kind of data it is."""
+
+    def __init__(self, x: Any) -> None:
+        self.info = dataset_info.info_of(x)
+        self.kind = f"a {type(x).__name__}"
+
+
+@dataclasses.dataclass
+class FitState:
+    """What one ``fit`` measures: a new one at every train begin, dropped at train end."""
+
+    placement: Placement
+    counter: ExampleCounter
+    meter: ThroughputMeter
+    clock: PausableClock
+    log_every_n_steps: int
+    warmup_steps: int
+    accumulation_steps: int = 1  # batches per optimizer update (gradient accumulation)
+    next_check: int = UNBOUNDED
+    steps_in_epoch: int = UNBOUNDED
+    written_step: int = -1  # the step of the last counts written
+    last_window: ThroughputWindow | None = None
+    last_spread: tuple[float, float, float] | None = None
+    peak_memory: dict[int, int] = dataclasses.field(default_factory=dict)
+    epoch_starts: list[float] = dataclasses.field(default_factory=list)

@@ -1,0 +1,633 @@
+"""``ThroughputLogger``: the Keras hooks that log examples/s per replica, worker and job.
+
+A thin Keras adapter over :class:`tfdp_utils.throughput._meter.ThroughputMeter`. It decides when to
+measure from the batch indices Keras passes to its hooks (host-side integers, no device
+read), and only at those log points reads the optimizer's iteration count (the exact step,
+also under ``steps_per_execution > 1``) and the host clock. Counting examples is
+:mod:`tfdp_utils.throughput._counts`' job, which worker this is
+:mod:`tfdp_utils.cluster._topology`'s,
+the run and tag names are :mod:`tfdp_utils.throughput._tags`', the per-``fit`` state and
+clock :mod:`tfdp_utils.callbacks._fit_state`'s, and the event files are written by
+:mod:`tfdp_utils.callbacks._event_writer`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from tfdp_utils import _tf
+from tfdp_utils._tf import keras, tf
+from tfdp_utils._validate import boolean, positive_int
+from tfdp_utils.callbacks._event_writer import RunWriters
+from tfdp_utils.callbacks._fit_state import (
+    UNBOUNDED,
+    FitData,
+    FitState,
+    PausableClock,
+    Placement,
+    local_devices,
+    memory_devices,
+    tf_config_has_several_workers,
+)
+from tfdp_utils.cluster import _topology as topology
+from tfdp_utils.compat import _fit_binding as fit_binding
+from tfdp_utils.data import _info as dataset_info
+from tfdp_utils.data._info import DatasetInfo
+from tfdp_utils.throughput import _tags as tags
+from tfdp_utils.throughput._counts import ExampleCounter
+from tfdp_utils.throughput._meter import ThroughputMeter, ThroughputWindow, spread, window_plan
+from tfdp_utils.throughput._tags import GLOBAL_RUN, replica_run, worker_run
+from tfdp_utils.training import _accumulation as accumulation
+
+_Callback: Any = keras.callbacks.Callback
+_EPOCH_START = "epoch_start"
+
+
+class ThroughputLogger(_Callback):  # type: ignore[misc]
+    """Logs measured examples/s and steps/s per replica, per worker and globally to TensorBoard.
+
+    TensorBoard runs under ``log_dir`` (fixed names, so TensorBoard overlays them and
+    ``log_dir`` can be shared with Keras' own ``TensorBoard`` callback):
+
+    - ``global`` (written by the chief only): ``throughput/examples_per_sec``,
+      ``throughput/steps_per_sec``, ``throughput/examples`` (cumulative), and
+      ``throughput/flops_per_sec`` / ``throughput/mfu`` when FLOPs are given; in
+      multi-worker jobs also ``throughput/worker_steps_per_sec_min``, ``..._max`` and
+      ``throughput/worker_skew`` (``(max - min) / max``).
+    - ``replica_<k>`` for each replica of this worker (k = global replica id):
+      ``throughput/examples_per_sec``, ``throughput/examples``, and
+      ``memory/current_bytes`` / ``memory/peak_bytes`` where the device reports memory.
+    - ``worker_<w>`` (multi-worker jobs): this worker's ``throughput/steps_per_sec`` and
+      ``throughput/examples_per_sec``.
+
+    The step axis counts the batches ``fit`` trained on: the optimizer's iterations, or under
+    gradient accumulation (Keras 3's ``gradient_accumulation_steps``,
+    :func:`tfdp_utils.enable_gradient_accumulation`) the micro-batches, k per update, so that
+    examples stay exact; ``steps_per_sec`` then counts micro-batches and says so, and
+    ``summary()`` adds ``updates_per_sec``. Rates cover windows of
+    ``log_every_n_steps`` steps after ``warmup_steps`` warm-up steps; time spent in
+    validation during ``fit`` is left out. Every ``fit`` ends with a last point at its final
+    step: the exact counts, and the rate of the last (possibly shorter) window after warm-up.
+    Counts come, in this order, from ``dataset``, from ``global_batch_size``, or from the
+    dataset built by :func:`tfdp_utils.build_distributed_dataset` that this ``fit`` call
+    trains on (its ``x``; exact per-replica counts, partial batches included). When none of
+    them applies, ``fit`` fails before the first step with a message naming ``dataset=`` and
+    ``global_batch_size=``.
+
+    Args:
+        log_dir: directory for the TensorBoard runs (local path or any ``tf.io.gfile`` URL).
+        dataset: a dataset from :func:`tfdp_utils.build_distributed_dataset` or its
+            :class:`~tfdp_utils.data._info.DatasetInfo`, for exact counts. Defaults to
+            `None` (use ``global_batch_size``, else the builder dataset ``fit`` iterates).
+        global_batch_size: examples per step over all replicas, for datasets not made by
+            the builder; every step then counts this many examples, split evenly over the
+            replicas. Defaults to `None`.
+        log_every_n_steps: steps per measured window. Defaults to `None`: chosen per
+            ``fit`` from the steps it will run (:func:`tfdp_utils.throughput._meter.window_plan`):
+            100 for long or unknown jobs, shorter for short ones, so that a job of 20 steps
+            still shows a curve.
+        warmup_steps: steps at the start of each ``fit`` left out of every rate (tracing,
+            first batches). Defaults to `None`: 10, or a tenth of a short job (at least 1).
+        per_replica: write the ``replica_<k>`` runs. Defaults to `True`.
+        memory: write device memory where the device reports it (GPU, TPU; not the CPU).
+            Defaults to `True`.
+        flops_per_example: training FLOPs per example (forward + backward), to log
+            FLOPs/s. Defaults to `None`.
+        peak_flops_per_replica: peak FLOPs/s of one replica's device, to log model FLOPs
+            utilisation (needs ``flops_per_example``). Defaults to `None`.
+
+    Raises:
+        TypeError: for arguments of the wrong type (e.g. a plain ``tf.data.Dataset`` as
+            ``dataset``).
+        ValueError: for non-positive ``log_every_n_steps`` or ``global_batch_size``,
+            negative ``warmup_steps``, or inconsistent FLOPs arguments. At train begin: no
+            way to count examples, or a dataset built for another number of replicas.
+        OSError: at train begin, when ``log_dir`` cannot be created or written.
+
+    Examples:
+    ```python
+    logger = tdu.callbacks.ThroughputLogger("logs", global_batch_size=256)
+    model.fit(dataset, epochs=3, callbacks=[logger])
+    logger.summary()["examples_per_sec"]
+    ```
+    """
+
+    def __init__(
+        self,
+        log_dir: str | os.PathLike[str],
+        *,
+        dataset: Any = None,
+        global_batch_size: int | None = None,
+        log_every_n_steps: int | None = None,
+        warmup_steps: int | None = None,
+        per_replica: bool = True,
+        memory: bool = True,
+        flops_per_example: float | None = None,
+        peak_flops_per_replica: float | None = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(log_dir, (str, os.PathLike)) or not os.fspath(log_dir):
+            raise TypeError(f"log_dir={log_dir!r} is not a directory path; pass e.g. 'logs/run1'.")
+        self.log_dir = os.fspath(log_dir)
+        self.log_every_n_steps = (
+            None
+            if log_every_n_steps is None
+            else positive_int(
+                log_every_n_steps,
+                "log_every_n_steps",
+                hint="Pass the number of steps each measured window covers, e.g. 100, or "
+                "None to choose it from the length of each fit.",
+            )
+        )
+        self.warmup_steps = (
+            None
+            if warmup_steps is None
+            else positive_int(
+                warmup_steps,
+                "warmup_steps",
+                minimum=0,
+                hint="Pass 0 to measure from the first step, or a positive number of steps "
+                "to leave out while tracing warms up, e.g. 10.",
+            )
+        )
+        self.global_batch_size = (
+            None
+            if global_batch_size is None
+            else positive_int(
+                global_batch_size,
+                "global_batch_size",
+                hint="Pass the examples per step summed over all replicas, e.g. 256.",
+            )
+        )
+        self._given_info = self._dataset_info(dataset)
+        self.per_replica = boolean(per_replica, "per_replica")
+        self.memory = boolean(memory, "memory")
+        # Validates the FLOPs arguments now rather than at train begin.
+        ThroughputMeter(
+            flops_per_example=flops_per_example, peak_flops_per_replica=peak_flops_per_replica
+        )
+        self.flops_per_example = flops_per_example
+        self.peak_flops_per_replica = peak_flops_per_replica
+        # tf_keras: take logs as tensors instead of forcing a host copy every batch.
+        _tf.accept_tensor_logs(self)
+        self._lock = threading.Lock()
+        self._writers = RunWriters(self.log_dir)
+        self._carried: tuple[int, ...] = ()  # counts at the end of the last fit
+        self._summary: dict[str, Any] = {}
+        self._fit: FitState | None = None  # set from train begin to train end
+        self._fit_data: FitData | None = None  # set by fit_binding for one fit
+        fit_binding.install()
+
+    def _dataset_info(self, dataset: Any) -> DatasetInfo | None:
+        if dataset is None:
+            return None
+        info = dataset if isinstance(dataset, DatasetInfo) else dataset_info.info_of(dataset)
+        if info is None:
+            raise TypeError(
+                f"dataset={type(dataset).__name__} carries no DatasetInfo; expected a dataset "
+                "from tfdp_utils.build_distributed_dataset or a DatasetInfo. For other "
+                "datasets pass global_batch_size= instead."
+            )
+        if self.global_batch_size is not None and info.global_batch_size != (
+            self.global_batch_size
+        ):
+            raise ValueError(
+                f"global_batch_size={self.global_batch_size} disagrees with the dataset's "
+                f"global batch size {info.global_batch_size}; pass only dataset=."
+            )
+        return info
+
+    # Keras 3 dispatches batch-end hooks on a thread pool when every callback is async safe.
+    # A multi-worker log point runs a collective, which must happen in the same order on
+    # every worker, so there the hooks stay on the training thread.
+    @property
+    def async_safe(self) -> bool:
+        """Whether Keras 3 may call the batch hooks off the training thread."""
+        model = getattr(self, "model", None)
+        strategy = getattr(model, "distribute_strategy", None) if model is not None else None
+        if strategy is None and tf.distribute.has_strategy():
+            strategy = tf.distribute.get_strategy()
+        if topology.is_multi_worker(strategy):
+            return False
+        return not tf_config_has_several_workers()
+
+    # ------------------------------------------------------------------ hooks
+
+    def on_train_begin(self, logs: Mapping[str, Any] | None = None) -> None:
+        self._writers.close()  # left open when a previous fit raised before on_train_end
+        self._fit = None
+        model = self.model
+        if getattr(model, "optimizer", None) is None:
+            raise ValueError(
+                "ThroughputLogger needs a compiled model with an optimizer (its iteration "
+                "count is the step axis); call model.compile(optimizer=...) before fit."
+            )
+        placement = self._place(model)
+        counting = self._count_source(placement)
+        self._writers.open(self._run_names(placement.position))
+        origin = self._read_step()
+        counter = ExampleCounter(
+            num_replicas=placement.num_replicas,
+            step=origin,
+            carried=self._carried,
+            global_batch_size=self.global_batch_size,
+        )
+        counter.info, counter.source = counting
+        every, warmup = window_plan(
+            self._planned_steps(),
+            log_every_n_steps=self.log_every_n_steps,
+            warmup_steps=self.warmup_steps,
+        )
+        meter = ThroughputMeter(
+            num_replicas=placement.num_replicas,
+            warmup_steps=warmup,
+            flops_per_example=self.flops_per_example,
+            peak_flops_per_replica=self.peak_flops_per_replica,
+        )
+        fit = FitState(
+            placement,
+            counter,
+            meter,
+            PausableClock(),
+            every,
+            warmup,
+            accumulation_steps=accumulation.accumulation_steps(model),
+        )
+        meter.update(step=origin, time=fit.clock.now(), replica_examples=counter.counts)
+        fit.next_check = origin + (warmup or every)
+        self._fit = fit
+        if placement.position.is_chief:
+            mfu = self.flops_per_example is not None and self.peak_flops_per_replica is not None
+            job = tags.layout(
+                multi_worker=placement.position.is_multi_worker,
+                flops=mfu,
+                memory=bool(placement.memory_devices),
+            )
+            self._writers.layout(GLOBAL_RUN, job)
+        # The starting count; also pays the first summary write's one-off setup cost here
+        # instead of inside the first measured window.
+        self._write_counts(fit, origin)
+        # From here to the first step is the first epoch's start (tf_keras builds the
+        # iterator now).
+        self._start_epoch_boundary(fit)
+
+    def _planned_steps(self) -> int | None:
+        params = getattr(self, "params", None) or {}
+        steps, epochs = params.get("steps"), params.get("epochs")
+        if not steps or not epochs:
+            return None
+        return int(steps) * int(epochs)
+
+    def _start_epoch_boundary(self, fit: FitState) -> None:
+        """Stop the clock until the next step begins.
+
+        The batch-begin hook is this instance's only while a boundary lasts: every other step
+        Keras calls the base class's empty one, so measuring epoch starts costs nothing per
+        step.
+        """
+        fit.clock.pause(_EPOCH_START)
+        self.on_train_batch_begin = self._end_epoch_boundary
+
+    def _end_epoch_boundary(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
+        self.__dict__.pop("on_train_batch_begin", None)
+        fit = self._fit
+        if fit is None or not fit.clock.held(_EPOCH_START):
+            return
+        with self._lock:
+            seconds = fit.clock.resume(_EPOCH_START)
+            fit.epoch_starts.append(seconds)
+            if fit.placement.position.is_chief:
+                self._put(GLOBAL_RUN, tags.EPOCH_START_SECONDS, seconds, fit.counter.epoch_start)
+
+    def on_epoch_begin(self, epoch: int, logs: Mapping[str, Any] | None = None) -> None:
+        steps = (getattr(self, "params", None) or {}).get("steps")
+        if self._fit is not None:
+            self._fit.steps_in_epoch = int(steps) if steps else UNBOUNDED
+
+    def on_train_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
+        # Runs every step (off the training thread on Keras 3): integers only until a log point.
+        # Keras 3 rounds the last batch index of an epoch up to a multiple of
+        # steps_per_execution, hence the clamp to the epoch's length.
+        fit = self._fit
+        if fit is None:
+            return
+        estimate = fit.counter.epoch_start + min(batch + 1, fit.steps_in_epoch)
+        if estimate < fit.next_check:
+            return
+        with self._lock:
+            if self._fit is fit and estimate >= fit.next_check:
+                self._log_point(fit, estimate)
+
+    def on_epoch_end(self, epoch: int, logs: Mapping[str, Any] | None = None) -> None:
+        fit = self._fit
+        if fit is None:
+            return
+        with self._lock:
+            # The epoch boundary starts here and lasts until the next epoch's first step.
+            self._start_epoch_boundary(fit)
+            # Keras has just synced the epoch's logs; one more read here costs nothing and
+            # keeps the next epoch's host-side step estimate and example positions exact.
+            step = self._read_step()
+            self._count_to(fit, step)
+            fit.counter.end_epoch(step)
+            self._writers.flush()
+
+    def on_test_begin(self, logs: Mapping[str, Any] | None = None) -> None:
+        fit = self._fit
+        if fit is not None:
+            with self._lock:
+                fit.clock.pause("validation")
+
+    def on_test_end(self, logs: Mapping[str, Any] | None = None) -> None:
+        fit = self._fit
+        if fit is not None:
+            with self._lock:
+                fit.clock.resume("validation")
+
+    def on_train_end(self, logs: Mapping[str, Any] | None = None) -> None:
+        fit = self._fit
+        if fit is None:
+            return
+        self.__dict__.pop("on_train_batch_begin", None)  # the last epoch's boundary
+        with self._lock:
+            self._fit = None
+            final = self._read_step()
+            self._final_point(fit, final)
+            self._carried = tuple(fit.counter.counts)
+            self._summary = self._build_summary(fit, final)
+            self._writers.close()
+
+    # ------------------------------------------------------------------ measuring
+
+    def _place(self, model: Any) -> Placement:
+        strategy = getattr(model, "distribute_strategy", None) or tf.distribute.get_strategy()
+        position = topology.position_of(strategy)
+        memory: dict[int, str] = {}
+        if self.memory and self.per_replica:
+            memory = memory_devices(position.local_replicas, local_devices(strategy))
+        return Placement(strategy, int(strategy.num_replicas_in_sync), position, memory)
+
+    def _run_names(self, position: topology.WorkerPosition) -> list[str]:
+        runs = []
+        if position.is_chief:
+            runs.append(GLOBAL_RUN)
+        if position.is_multi_worker:
+            runs.append(worker_run(position.index))
+        if self.per_replica:
+            runs.extend(replica_run(k) for k in position.local_replicas)
+        return runs
+
+    def _read_step(self) -> int:
+        # Batches trained: optimizer updates, or micro-batches under gradient accumulation
+        # (what the dataset's layout and Keras' batch indices count).
+        return accumulation.batches_trained(self.model)
+
+    def _count_to(self, fit: FitState, step: int) -> None:
+        fit.counter.count_to(step)
+
+    def _log_point(self, fit: FitState, estimate: int) -> None:
+        step = self._read_step()
+        now = fit.clock.now()
+        self._count_to(fit, step)
+        was_warm = fit.meter.warmed_up
+        window = fit.meter.update(step=step, time=now, replica_examples=fit.counter.counts)
+        # From the host-side estimate, not the read step, so every worker takes the same
+        # log points (their collectives must match).
+        fit.next_check = estimate + fit.log_every_n_steps
+        if not was_warm:
+            self._write_counts(fit, step)
+            return
+        rates = self._gather_worker_rates(fit, window.steps_per_sec if window else math.nan)
+        if window is None:
+            return
+        fit.last_window = window
+        self._write_window(fit, window, rates)
+
+    def bind_fit_data(self, x: Any) -> None:
+        """Receive the data of the ``fit`` call this logger is a callback of (None after it).
+
+        Called by the ``Model.fit`` wrapper of :mod:`tfdp_utils.compat._fit_binding`: the logger
+        counts
+        with the layout of exactly this call's training data, never with state left by
+        another dataset, another model or another ``fit``.
+        """
+        self._fit_data = None if x is None else FitData(x)
+
+    def _final_point(self, fit: FitState, final: int) -> None:
+        """Write the fit's last point: its exact counts, and the rate of the last (partial)
+        window after warm-up, so TensorBoard ends on the same total as :meth:`summary`.
+
+        Every worker takes the same branch (the final step and the last written step are the
+        same on all of them), so the worker-rate collective matches.
+        """
+        now = fit.clock.now()
+        self._count_to(fit, final)
+        if final <= fit.written_step:
+            return
+        if not fit.meter.warmed_up:
+            self._write_counts(fit, final)
+            return
+        window = fit.meter.update(step=final, time=now, replica_examples=fit.counter.counts)
+        rates = self._gather_worker_rates(fit, window.steps_per_sec if window else math.nan)
+        if window is None:
+            self._write_counts(fit, final)
+            return
+        fit.last_window = window
+        self._write_window(fit, window, rates)
+
+    def _count_source(self, placement: Placement) -> tuple[DatasetInfo | None, str]:
+        """The dataset layout to count with, and where it comes from, in words.
+
+        In order: ``dataset=``, ``global_batch_size=``, the builder dataset this ``fit``
+        trains on. Raises before the first step when none of them says how many examples a
+        step holds.
+        """
+        info = self._given_info
+        source = "the DatasetInfo passed as dataset="
+        if info is None and self.global_batch_size is None:
+            data = self._fit_data
+            info = None if data is None else data.info
+            source = "the dataset built by build_distributed_dataset that fit trains on"
+            if info is None:
+                received = (
+                    "ThroughputLogger runs outside Model.fit, so it cannot see the data"
+                    if data is None
+                    else f"fit trains on {data.kind}, which is not a dataset from "
+                    "tfdp_utils.build_distributed_dataset"
+                )
+                raise ValueError(
+                    f"ThroughputLogger cannot count examples: {received}, and no "
+                    "global_batch_size= or dataset= was given. Pass ThroughputLogger(..., "
+                    "global_batch_size=<examples per step over all replicas>), or "
+                    "dataset=<the builder dataset>, or train on a dataset from "
+                    "build_distributed_dataset."
+                )
+        if info is None:
+            return None, "global_batch_size, split evenly over the replicas"
+        if info.num_replicas_in_sync != placement.num_replicas:
+            raise ValueError(
+                f"The dataset was built for {info.num_replicas_in_sync} replicas but the "
+                f"model trains on {placement.num_replicas} "
+                f"({type(placement.strategy).__name__}). "
+                "Build the dataset under the strategy the model was created in."
+            )
+        return info, source
+
+    def _gather_worker_rates(self, fit: FitState, local_rate: float) -> list[float] | None:
+        position = fit.placement.position
+        if not position.is_multi_worker:
+            return None
+        strategy = fit.placement.strategy
+        value = strategy.experimental_distribute_values_from_function(
+            lambda _ctx: tf.constant([local_rate], tf.float64)
+        )
+        gathered = strategy.gather(value, axis=0).numpy().tolist()
+        per_worker = len(gathered) // max(1, position.num_workers)
+        return [float(gathered[w * per_worker]) for w in range(position.num_workers)]
+
+    # ------------------------------------------------------------------ writing
+
+    def _put(self, run: str, tag: str, value: float, step: int, **fields: str) -> None:
+        """Write one scalar of the schema, with the description the schema gives it."""
+        self._writers.scalar(run, tag, value, step, tags.describe(run, tag, **fields))
+
+    def _write_counts(self, fit: FitState, step: int) -> None:
+        counter = fit.counter
+        fit.written_step = step
+        exact = counter.info is not None and counter.info.exact
+        counted = tags.count_origin(exact=exact, source=counter.source)
+        if fit.placement.position.is_chief:
+            self._put(GLOBAL_RUN, tags.EXAMPLES, sum(counter.counts), step, counted=counted)
+        if self.per_replica:
+            for k in fit.placement.position.local_replicas:
+                self._put(replica_run(k), tags.EXAMPLES, counter.counts[k], step, counted=counted)
+
+    def _write_window(
+        self, fit: FitState, window: ThroughputWindow, worker_rates: list[float] | None
+    ) -> None:
+        position = fit.placement.position
+        timing = tags.window_timing(fit.log_every_n_steps)
+        self._write_counts(fit, window.step)
+        if position.is_chief:
+            self._write_global(window, timing, tags.step_unit(fit.accumulation_steps))
+            if worker_rates:
+                fit.last_spread = spread(worker_rates)
+                self._write_spread(fit.last_spread, window.step)
+        if position.is_multi_worker:
+            run = worker_run(position.index)
+            local = sum(window.replica_examples_per_sec[k] for k in position.local_replicas)
+            self._put(
+                run,
+                tags.STEPS_PER_SEC,
+                window.steps_per_sec,
+                window.step,
+                timing=timing,
+                steps=tags.step_unit(fit.accumulation_steps),
+            )
+            self._put(run, tags.EXAMPLES_PER_SEC, local, window.step, timing=timing)
+        if self.per_replica:
+            self._write_replicas(fit, window, timing)
+
+    def _write_global(self, window: ThroughputWindow, timing: str, units: str) -> None:
+        step = window.step
+        self._put(GLOBAL_RUN, tags.EXAMPLES_PER_SEC, window.examples_per_sec, step, timing=timing)
+        self._put(
+            GLOBAL_RUN, tags.STEPS_PER_SEC, window.steps_per_sec, step, timing=timing, steps=units
+        )
+        if window.flops_per_sec is not None:
+            self._put(GLOBAL_RUN, tags.FLOPS_PER_SEC, window.flops_per_sec, step)
+        if window.mfu is not None:
+            self._put(GLOBAL_RUN, tags.MFU, window.mfu, step)
+
+    def _write_spread(self, worker_spread: tuple[float, float, float], step: int) -> None:
+        low, high, skew = worker_spread
+        self._put(GLOBAL_RUN, tags.WORKER_STEPS_PER_SEC_MIN, low, step)
+        self._put(GLOBAL_RUN, tags.WORKER_STEPS_PER_SEC_MAX, high, step)
+        self._put(GLOBAL_RUN, tags.WORKER_SKEW, skew, step)
+
+    def _write_replicas(self, fit: FitState, window: ThroughputWindow, timing: str) -> None:
+        info = fit.counter.info
+        exactness = tags.replica_split(exact=info is not None and info.exact)
+        for k in fit.placement.position.local_replicas:
+            run = replica_run(k)
+            rate = window.replica_examples_per_sec[k]
+            self._put(
+                run, tags.EXAMPLES_PER_SEC, rate, window.step, exactness=exactness, timing=timing
+            )
+            device = fit.placement.memory_devices.get(k)
+            if device is None:
+                continue
+            try:
+                info = tf.config.experimental.get_memory_info(device)
+            except (ValueError, tf.errors.OpError):
+                continue
+            fit.peak_memory[k] = int(info["peak"])
+            self._put(
+                run, tags.MEMORY_CURRENT_BYTES, float(info["current"]), window.step, device=device
+            )
+            self._put(run, tags.MEMORY_PEAK_BYTES, float(info["peak"]), window.step, device=device)
+
+    # ------------------------------------------------------------------ results
+
+    def _build_summary(self, fit: FitState, final_step: int) -> dict[str, Any]:
+        position = fit.placement.position
+        result = fit.meter.summary()
+        result["examples"] = sum(fit.counter.counts)
+        result["replica_examples"] = list(fit.counter.counts)
+        result.update(
+            step=final_step,
+            steps_trained=final_step - fit.counter.origin,
+            log_every_n_steps=fit.log_every_n_steps,
+            warmup_steps=fit.warmup_steps,
+            accumulation_steps=fit.accumulation_steps,
+            epoch_start_seconds=list(fit.epoch_starts),
+            num_replicas=fit.placement.num_replicas,
+            num_workers=position.num_workers,
+            worker=position.index,
+            is_chief=position.is_chief,
+            local_replicas=list(position.local_replicas),
+            count_source=fit.counter.source,
+            log_dir=self.log_dir,
+        )
+        last = fit.last_window
+        if last is not None:
+            result["last_window"] = {
+                "step": last.step,
+                "steps": last.steps,
+                "seconds": last.seconds,
+                "examples_per_sec": last.examples_per_sec,
+                "steps_per_sec": last.steps_per_sec,
+            }
+        if "steps_per_sec" in result and fit.accumulation_steps > 1:
+            result["updates_per_sec"] = result["steps_per_sec"] / fit.accumulation_steps
+        if fit.last_spread is not None:
+            low, high, skew = fit.last_spread
+            result["worker_steps_per_sec"] = {"min": low, "max": high, "skew": skew}
+        if fit.peak_memory:
+            result["peak_memory_bytes"] = {str(k): v for k, v in fit.peak_memory.items()}
+        return result
+
+    def summary(self) -> dict[str, Any]:
+        """The figures measured in the last ``fit`` as a plain dict.
+
+        Keys include ``examples`` and ``replica_examples`` (cumulative examples trained, over
+        every ``fit`` this logger saw), ``steps_per_sec``, ``examples_per_sec`` and
+        ``replica_examples_per_sec`` (over all windows after warm-up; absent when no window
+        completed), ``measured_steps``, ``measured_seconds``, ``windows``, ``step``,
+        ``num_replicas``, ``num_workers``, ``worker``, ``is_chief``, ``count_source``,
+        ``log_every_n_steps`` and ``warmup_steps`` (as used in that fit),
+        ``epoch_start_seconds`` (each epoch's start, left out of the rates), and
+        ``flops_per_sec`` / ``mfu`` / ``worker_steps_per_sec`` / ``peak_memory_bytes``
+        where measured.
+
+        Returns:
+            A new dict; empty before the first ``fit`` ends.
+        """
+        return dict(self._summary)
+
+
+# GLOBAL_RUN, replica_run and worker_run live in tfdp_utils.throughput._tags; kept importable here.

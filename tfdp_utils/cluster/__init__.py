@@ -1,0 +1,30 @@
+"""Where this process is: the cluster from TF_CONFIG or SLURM, validated. Pure (no TensorFlow).
+
+============================  =============================================================
+``cluster/_config.py``        ``ClusterConfig``, TF_CONFIG and SLURM parsing and validation
+``cluster/_topology.py``      one ``WorkerPosition`` from a strategy or a cluster
+``cluster/_rendezvous.py``    the bounded peer rendezvous before a multi-worker strategy
+============================  =============================================================
+"""
+
+from tfdp_utils.cluster._config import (
+    ClusterConfig,
+    cluster_from_environment,
+    cluster_task_type,
+    expand_hostlist,
+    parse_slurm,
+    parse_tf_config,
+    validate_cluster,
+)
+from tfdp_utils.errors import ClusterTimeoutError
+
+__all__ = [
+    "ClusterConfig",
+    "ClusterTimeoutError",
+    "cluster_from_environment",
+    "cluster_task_type",
+    "expand_hostlist",
+    "parse_slurm",
+    "parse_tf_config",
+    "validate_cluster",
+]

@@ -1,0 +1,246 @@
+"""The bounded peer rendezvous: wait for a cluster's other tasks, never forever.
+
+Pure Python (sockets, no TensorFlow). :func:`wait_for_peers` is the bound that
+MultiWorkerMirroredStrategy's own constructor lacks (it waits forever for a worker that never
+starts); :func:`wait_for_servers` waits for parameter servers; :func:`reachable` is one probe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import threading
+import time
+
+from tfdp_utils._waiting import WaitProgress
+from tfdp_utils.cluster._config import ClusterConfig
+from tfdp_utils.errors import ClusterTimeoutError
+
+logger = logging.getLogger("tfdp_utils")
+
+
+def _bind_host(host: str) -> str:
+    """Where to listen for our own address: that interface when it is local, else all."""
+    try:
+        infos = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)
+    except OSError:
+        return ""
+    for info in infos:
+        candidate = str(info[4][0])
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                probe.bind((candidate, 0))
+            return candidate
+        except OSError:
+            continue
+    return ""
+
+
+def reachable(address: str, timeout: float) -> bool:
+    """Whether ``address`` accepts a TCP connection within ``timeout`` seconds."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=max(timeout, 0.05)):
+            return True
+    except OSError:
+        return False
+
+
+_BANNER = b"tfdp-rendezvous\n"
+_HELLO = b"tfdp-hello "
+
+
+def _probe(address: str, me: str, timeout: float) -> str | None:
+    """Contact a peer: ``"rendezvous"`` (it waits for us, and now knows we are here),
+    ``"running"`` (its port answers without our banner: TensorFlow's server is up), or None."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection(
+            (host.strip("[]"), int(port)), timeout=max(timeout, 0.05)
+        ) as s:
+            s.settimeout(0.5)
+            try:
+                banner = s.recv(len(_BANNER))
+            except OSError:
+                banner = b""
+            if banner != _BANNER:
+                return "running"
+            s.sendall(_HELLO + me.encode() + b"\n")
+            return "rendezvous"
+    except OSError:
+        return None
+
+
+class _Listener:
+    """Listens on this task's port and records which peers said hello."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.greeted: set[str] = set()
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, name="tfdp-rendezvous", daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        self.sock.settimeout(0.1)
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            with conn:
+                try:
+                    conn.settimeout(1.0)
+                    conn.sendall(_BANNER)
+                    line = conn.recv(256)
+                except OSError:
+                    continue
+                # Let the peer close first, so TIME_WAIT stays on its side and this port is
+                # free for TensorFlow's server straight away.
+                with contextlib.suppress(OSError):
+                    conn.recv(1)
+            if line.startswith(_HELLO):
+                with self.lock:
+                    self.greeted.add(line[len(_HELLO) :].decode(errors="replace").strip())
+
+    def has_greeted(self, name: str) -> bool:
+        with self.lock:
+            return name in self.greeted
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(2.0)
+        self.sock.close()
+
+
+def _names(tasks: list[tuple[str, int, str]]) -> str:
+    return ", ".join(f"{task_type}:{index} at {address}" for task_type, index, address in tasks)
+
+
+def wait_for_peers(
+    config: ClusterConfig,
+    *,
+    timeout: float,
+    poll_interval: float = 0.2,
+    timeout_variable: str = "cluster_timeout",
+) -> float:
+    """Block until every other training task has started, at most ``timeout`` seconds.
+
+    A small rendezvous on each task's own port: every task listens there, contacts every peer,
+    and returns once it has reached each peer and each peer still waiting has reached it. The
+    listener is closed before returning, so TensorFlow's server can bind the port next; a peer
+    whose TensorFlow server already answers counts as started. Returns the seconds waited.
+
+    Raises:
+        ClusterTimeoutError: naming each task that never answered and how to wait longer.
+        OSError: when this task's own port is taken by another program.
+    """
+    start = time.monotonic()
+    deadline = start + timeout
+    own = config.address
+    me = f"{config.task_type}:{config.task_index}"
+    peers = [task for task in config.training_tasks if task[2] != own]
+    host, _, port = own.rpartition(":")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((_bind_host(host.strip("[]")), int(port)))
+    except OSError as exc:
+        sock.close()
+        raise OSError(
+            f"cannot listen on this task's address {own} ({me}): {exc}. Another program holds "
+            "the port; free it or give this task another port in the cluster spec."
+        ) from exc
+    sock.listen(64)
+    listener = _Listener(sock)
+    state: dict[tuple[str, int, str], str | None] = {task: None for task in peers}
+    pending = list(peers)
+    progress = WaitProgress(
+        lambda: (
+            f"{len(pending)} peer task(s) to join the {config.source} cluster: " + _names(pending)
+        ),
+        bound=timeout,
+        change=f"auto_strategy({timeout_variable}=SECONDS) or TFDP_CLUSTER_TIMEOUT",
+    )
+    try:
+        while True:
+            for task in peers:
+                if state[task] is None:
+                    remaining = deadline - time.monotonic()
+                    state[task] = _probe(task[2], me, min(1.0, max(remaining, 0.05)))
+            pending = [
+                task
+                for task in peers
+                if state[task] is None
+                or (
+                    state[task] == "rendezvous" and not listener.has_greeted(f"{task[0]}:{task[1]}")
+                )
+            ]
+            if not pending:
+                break
+            progress.tick()
+            if time.monotonic() >= deadline:
+                raise ClusterTimeoutError(
+                    f"{len(pending)} of {len(peers)} peer task(s) did not join the "
+                    f"{config.source} cluster within {timeout:g} s: {_names(pending)}. "
+                    f"This task is {me} at {own}. Check that every task was started and that "
+                    "the addresses are reachable from here, or wait longer with "
+                    f"auto_strategy({timeout_variable}=SECONDS) or the TFDP_CLUSTER_TIMEOUT "
+                    "environment variable.",
+                    missing=pending,
+                    timeout=timeout,
+                )
+            time.sleep(min(poll_interval, max(deadline - time.monotonic(), 0)))
+    finally:
+        listener.close()
+    waited = time.monotonic() - start
+    logger.debug("all %d peer(s) started after %.2f s", len(peers), waited)
+    return waited
+
+
+def wait_for_servers(config: ClusterConfig, *, timeout: float, poll_interval: float = 0.2) -> float:
+    """Block until every ``worker`` and ``ps`` server of a parameter-server cluster accepts
+    connections, at most ``timeout`` seconds. Returns the seconds waited.
+
+    Raises:
+        ClusterTimeoutError: naming each server that never answered and how to wait longer.
+    """
+    start = time.monotonic()
+    deadline = start + timeout
+    servers = [
+        (task_type, index, address)
+        for task_type in ("worker", "ps")
+        for index, address in enumerate(config.cluster.get(task_type, ()))
+    ]
+    pending = list(servers)
+    progress = WaitProgress(
+        lambda: f"{len(pending)} parameter-server cluster task(s) to serve: {_names(pending)}",
+        bound=timeout,
+        change="auto_strategy(cluster_timeout=SECONDS) or TFDP_CLUSTER_TIMEOUT",
+    )
+    while pending:
+        pending = [
+            task
+            for task in pending
+            if not reachable(task[2], min(1.0, max(deadline - time.monotonic(), 0.05)))
+        ]
+        if not pending:
+            break
+        progress.tick()
+        if time.monotonic() >= deadline:
+            raise ClusterTimeoutError(
+                f"{len(pending)} of {len(servers)} server task(s) of the {config.source} "
+                f"parameter-server cluster did not answer within {timeout:g} s: "
+                f"{_names(pending)}. Check "
+                "that those tasks run tfdp_utils.run_server() and are reachable from here, or "
+                "wait longer with auto_strategy(cluster_timeout=SECONDS) or the "
+                "TFDP_CLUSTER_TIMEOUT environment variable.",
+                missing=pending,
+                timeout=timeout,
+            )
+        time.sleep(min(poll_interval, max(deadline - time.monotonic(), 0)))
+    return time.monotonic() - start

@@ -1,0 +1,216 @@
+"""What a ``fit`` / ``evaluate`` / ``predict`` call runs on, checked and handed to its callbacks.
+
+Keras gives callbacks the model, never the data ``fit`` iterates. A callback that counts
+examples exactly needs the training data's layout (a builder dataset's ``DatasetInfo``), and it
+must be *that call's* training data: not its validation data, not a dataset another model
+iterated last. So ``Model.fit`` is wrapped once per process (by the first builder dataset or
+``ThroughputLogger``): before the real ``fit`` runs, each callback of the call that has a
+``bind_fit_data(x)`` method receives the call's ``x``, and after the call it receives None.
+Nothing is kept between calls.
+
+The same wrappers stop an endless epoch before it starts: a builder dataset that repeats without
+end (``repeat=True``, or an infinite source) given to ``fit`` without ``steps_per_epoch`` (or as
+``validation_data`` without ``validation_steps``, or to ``evaluate``/``predict`` without
+``steps``) raises at once, with the number of steps that covers the data once where the builder
+knows it. So does a builder dataset given to a model of another strategy (one replica part per
+step for a different number of replicas: Keras would fail deep inside its step, "Only input
+tensors may be passed as positional arguments ... PerReplica"), and ``validation_split`` with a
+builder dataset (Keras splits only arrays): each error names the fix.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol, runtime_checkable
+
+from tfdp_utils.data._info import DatasetInfo, info_of
+from tfdp_utils.errors import EndlessEpochError, StrategyMismatchError
+
+_LOCK = threading.Lock()
+_MARK = "_tfdp_fit_binding"
+_METHODS = ("fit", "evaluate", "predict")
+# For each method: (argument holding the data, argument holding its step count).
+_DATA_AND_STEPS = {
+    "fit": (("x", "steps_per_epoch"), ("validation_data", "validation_steps")),
+    "evaluate": (("x", "steps"),),
+    "predict": (("x", "steps"),),
+}
+
+
+@runtime_checkable
+class FitDataConsumer(Protocol):
+    """A callback that wants to know what the ``fit`` call it belongs to trains on."""
+
+    def bind_fit_data(self, x: Any) -> None:
+        """Called with ``fit``'s ``x`` before training starts, and with None after it ends."""
+
+
+def _consumers(callbacks: Any) -> list[FitDataConsumer]:
+    if callbacks is None:
+        return []
+    if isinstance(callbacks, FitDataConsumer):
+        return [callbacks]
+    inner = getattr(callbacks, "callbacks", None)  # a keras CallbackList
+    if isinstance(inner, list):
+        callbacks = inner
+    if not isinstance(callbacks, Iterable) or isinstance(callbacks, (str, bytes)):
+        return []
+    return [c for c in callbacks if isinstance(c, FitDataConsumer)]
+
+
+def _covering_steps(info: DatasetInfo) -> int | None:
+    if info.steps_per_epoch is not None:
+        return info.steps_per_epoch
+    if info.examples_per_epoch:
+        return math.ceil(info.examples_per_epoch / info.global_batch_size)
+    return None
+
+
+def endless_epoch_error(
+    method: str, data_argument: str, steps_argument: str, info: DatasetInfo
+) -> EndlessEpochError:
+    """The error for an endless builder dataset given to ``method`` without a step count."""
+    steps = _covering_steps(info)
+    if steps is not None:
+        fix = (
+            f"Pass {steps_argument}={steps} (dist.tfdp_info.steps_per_epoch: one pass over "
+            f"the {info.examples_per_epoch} examples at {info.global_batch_size} per step)"
+            if info.steps_per_epoch is not None
+            else f"Pass {steps_argument}={steps} (ceil({info.examples_per_epoch} examples / "
+            f"{info.global_batch_size} per step): about one pass over the data)"
+        )
+    else:
+        fix = (
+            f"Pass {steps_argument}=<the steps you want per epoch> (the source is infinite, "
+            "so no count covers it)"
+        )
+    return EndlessEpochError(
+        f"{method}() received a dataset from build_distributed_dataset that never ends "
+        "(repeat=True, or an infinite source) as "
+        f"{data_argument}= and no {steps_argument}=, so its epoch would never end. {fix}, or "
+        "build the dataset with repeat=False (one pass per epoch; Keras then re-iterates it "
+        "every epoch) or repeat='epochs'."
+    )
+
+
+def check_steps(method: str, arguments: dict[str, Any]) -> None:
+    """Raise :class:`EndlessEpochError` for an endless builder dataset without a step count."""
+    for data_argument, steps_argument in _DATA_AND_STEPS[method]:
+        data = arguments.get(data_argument)
+        info = info_of(data)
+        if info is None or not info.repeat or arguments.get(steps_argument) is not None:
+            continue
+        if steps_argument == "validation_steps" and isinstance(data, tuple):
+            continue  # (x, y) arrays, not a dataset
+        raise endless_epoch_error(method, data_argument, steps_argument, info)
+
+
+def _model_replicas(model: Any) -> int | None:
+    strategy = getattr(model, "distribute_strategy", None)
+    replicas = getattr(strategy, "num_replicas_in_sync", None)
+    return int(replicas) if isinstance(replicas, int) else None
+
+
+def _is_plain_dataset(data: Any) -> bool:
+    from tfdp_utils._tf import tf
+
+    return isinstance(data, tf.data.Dataset)
+
+
+def check_strategy(method: str, model: Any, arguments: dict[str, Any]) -> None:
+    """Raise :class:`StrategyMismatchError` for a builder dataset of another strategy's replicas.
+
+    A plain ``tf.data.Dataset`` from the builder (one replica, built without a strategy) is
+    left to Keras, which distributes it itself.
+    """
+    for data_argument, _ in _DATA_AND_STEPS[method]:
+        data = arguments.get(data_argument)
+        info = info_of(data)
+        if info is None or _is_plain_dataset(data):
+            continue
+        replicas = _model_replicas(model)
+        if replicas is None or replicas == info.num_replicas_in_sync:
+            continue
+        strategy = type(getattr(model, "distribute_strategy", None)).__name__
+        runs = (
+            "without a strategy (TensorFlow's default, 1 replica)"
+            if strategy == "_DefaultDistributionStrategy"
+            else f"under {strategy} with {replicas} replica(s)"
+        )
+        raise StrategyMismatchError(
+            f"{method}() received as {data_argument}= a dataset from build_distributed_dataset "
+            f"for {info.num_replicas_in_sync} replicas, but the model runs {runs} (e.g. a "
+            "model loaded or built outside the strategy's scope), so Keras would fail inside "
+            "its step. Pass "
+            f"tdu.single_device_dataset({data_argument}) (the same data as one tf.data.Dataset "
+            "of global batches, for a model without the strategy), or load/build and compile "
+            "the model inside `with strategy.scope():` of the strategy the dataset was built "
+            "with."
+        )
+
+
+def check_validation_split(method: str, arguments: dict[str, Any]) -> None:
+    """Raise ``ValueError`` for ``fit(builder_dataset, validation_split=...)``, with the fix."""
+    split = arguments.get("validation_split")
+    data = arguments.get("x")
+    if method != "fit" or not split or info_of(data) is None:
+        return
+    raise ValueError(
+        f"fit() received validation_split={split!r} with a dataset from "
+        "build_distributed_dataset; Keras splits only arrays and tensors. Split the source "
+        "before building, as Keras splits arrays (the last fraction, before shuffling): "
+        f"train, val = tdu.split_for_validation(source, validation_split={split!r}, "
+        "strategy=strategy, global_batch_size=...), then fit(train, validation_data=val)."
+    )
+
+
+def _wrap(method: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            arguments = signature.bind_partial(*args, **kwargs).arguments
+        except TypeError:  # let Keras word its own error for arguments it does not take
+            return original(*args, **kwargs)
+        check_steps(method, arguments)
+        check_validation_split(method, arguments)
+        check_strategy(method, arguments.get("self"), arguments)
+        consumers = _consumers(arguments.get("callbacks")) if method == "fit" else []
+        for consumer in consumers:
+            consumer.bind_fit_data(arguments.get("x"))
+        try:
+            return original(*args, **kwargs)
+        finally:
+            for consumer in consumers:
+                consumer.bind_fit_data(None)
+
+    setattr(wrapper, _MARK, True)
+    return wrapper
+
+
+def install(model_class: Any = None) -> None:
+    """Wrap ``fit``/``evaluate``/``predict`` of ``model_class`` (default: the active Keras'
+    ``Model``) once; idempotent. Subclasses that do not override them inherit the wrappers."""
+    if model_class is None:
+        from tfdp_utils._tf import keras
+
+        model_class = keras.Model
+    with _LOCK:
+        for method in _METHODS:
+            current = getattr(model_class, method)
+            if not getattr(current, _MARK, False):
+                setattr(model_class, method, _wrap(method, current))
+
+
+def installed(model_class: Any = None) -> bool:
+    """Whether :func:`install` has wrapped ``model_class`` (default: the active Keras')."""
+    if model_class is None:
+        from tfdp_utils._tf import keras
+
+        model_class = keras.Model
+    return all(getattr(getattr(model_class, m), _MARK, False) for m in _METHODS)

@@ -1,0 +1,115 @@
+"""keras#20585: Keras 3 ``fit``/``evaluate`` under MultiWorkerMirroredStrategy fail before training.
+
+``TensorFlowTrainer._maybe_symbolic_build`` takes the first distributed batch and calls
+``strategy.reduce("MEAN", batch, axis=None)`` on the whole ``(x, y, ...)`` structure. With
+two or more workers, MultiWorkerMirroredStrategy cannot reduce a nest of PerReplica values
+and raises ``ValueError: Attempt to convert a value (PerReplica:{...}) ... to a Tensor``.
+The batch is only needed for its shapes, so the workaround builds the model from the first
+local replica's component instead, which has the same shapes as the mean and needs no
+cross-worker collective.
+
+Verified on Keras 3.15.1 (TensorFlow 2.21); the code is unchanged on Keras master (3.16.0.dev).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from types import ModuleType
+from typing import Any
+
+from tfdp_utils._tf import tf
+from tfdp_utils.cluster._topology import is_multi_worker
+from tfdp_utils.compat._registry import (
+    Patch,
+    Workaround,
+    first_local_value,
+    set_attribute,
+)
+
+ISSUE = "keras#20585"
+
+
+class _LocalValues(tf.distribute.DistributedValues):  # type: ignore[misc]
+    """A distributed value of one replica, built without a strategy."""
+
+    def __init__(self, component: Any) -> None:
+        self.values = (component,)
+
+
+class _RecordingStrategy:
+    """Stands in for a multi-worker strategy and records what Keras asks it to reduce."""
+
+    def __init__(self) -> None:
+        self.reduced: list[Any] = []
+
+    def reduce(self, reduce_op: Any, value: Any, axis: Any = None) -> Any:
+        self.reduced.append(value)
+        return tf.nest.map_structure(lambda v: first_local_value(self, v), value)
+
+    def experimental_local_results(self, value: Any) -> tuple[Any, ...]:
+        return tuple(value.values)
+
+    def scope(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+
+class _RecordingModel:
+    def __init__(self, strategy: _RecordingStrategy) -> None:
+        self._distribute_strategy = strategy
+        self.distribute_strategy = strategy
+        self.built_with: list[Any] = []
+
+    def _symbolic_build(self, data_batch: Any = None) -> None:
+        self.built_with.append(data_batch)
+
+
+def probe(trainer: ModuleType) -> bool:
+    """True when Keras hands ``strategy.reduce`` a whole nest of per-replica values.
+
+    Runs Keras' own ``_maybe_symbolic_build`` on a one-batch iterator of
+    ``tf.distribute.DistributedValues`` with a recording strategy: no cluster needed.
+    MultiWorkerMirroredStrategy cannot reduce a nest (only single values), so a nest
+    reaching ``reduce`` is the bug.
+    """
+    method = getattr(getattr(trainer, "TensorFlowTrainer", None), "_maybe_symbolic_build", None)
+    if method is None:
+        return False  # the code path is gone; nothing to work around
+    strategy = _RecordingStrategy()
+    model = _RecordingModel(strategy)
+    batch = (_LocalValues(tf.zeros((2, 3))), _LocalValues(tf.zeros((2, 1))))
+    method(model, iterator=[(0, 0, iter([batch]))])
+    return any(isinstance(value, (tuple, list, dict)) for value in strategy.reduced)
+
+
+def install(trainer: ModuleType) -> tuple[str, list[Patch]]:
+    """Replace ``TensorFlowTrainer._maybe_symbolic_build`` for multi-worker strategies only."""
+    cls = trainer.TensorFlowTrainer
+    original = cls._maybe_symbolic_build
+
+    def _maybe_symbolic_build(self: Any, iterator: Any = None, data_batch: Any = None) -> Any:
+        strategy = self._distribute_strategy
+        if strategy is None or iterator is None or not is_multi_worker(strategy):
+            return original(self, iterator=iterator, data_batch=data_batch)
+        # keras#20585: build from the first local replica's batch (same shapes as the mean
+        # Keras computes) instead of reducing the whole (x, y, ...) nest across workers.
+        for _, _, distributed_iterator in iterator:
+            batch = next(distributed_iterator)
+            data_batch = tf.nest.map_structure(lambda v: first_local_value(strategy, v), batch)
+            break
+        with strategy.scope():
+            self._symbolic_build(data_batch=data_batch)
+
+    _maybe_symbolic_build.__doc__ = original.__doc__
+    _maybe_symbolic_build._tfdp_workaround = ISSUE  # type: ignore[attr-defined]
+    return "fix", [set_attribute(cls, "_maybe_symbolic_build", _maybe_symbolic_build)]
+
+
+WORKAROUND = Workaround(
+    issue=ISSUE,
+    summary="fit/evaluate under MultiWorkerMirroredStrategy fail in _maybe_symbolic_build "
+    "(PerReplica cannot be converted to a Tensor)",
+    url="https://github.com/keras-team/keras/issues/20585",
+    verified_on=("3.15.1",),
+    probe=probe,
+    install=install,
+)

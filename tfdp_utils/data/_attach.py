@@ -1,0 +1,90 @@
+"""Attaching a built dataset's info: ``tfdp_info``, ``tfdp_plan`` and the epoch's steps.
+
+:func:`attach` sets ``tfdp_info`` and ``tfdp_plan`` on the distributed dataset and, where the
+class has a ``cardinality`` property, swaps its class for a same-named subclass whose
+``cardinality`` is the builder's step count, which Keras 3 takes as the epoch's steps. It also
+makes sure Keras' ``fit``/``evaluate``/``predict`` check the dataset's step count and hand it to
+the call's callbacks (:mod:`tfdp_utils.compat._fit_binding`): nothing about the dataset is kept in
+process-wide state.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from tfdp_utils.compat import _fit_binding as fit_binding
+from tfdp_utils.data._info import DatasetInfo
+from tfdp_utils.data._sharding import ShardingPlan
+
+logger = logging.getLogger("tfdp_utils")
+
+_STEP_CLASSES: dict[type, type] = {}
+_UNKNOWN_CARDINALITY = -2  # tf.data.UNKNOWN_CARDINALITY
+_INFINITE_CARDINALITY = -1  # tf.data.INFINITE_CARDINALITY
+
+
+def _steps_cardinality(fget: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``cardinality`` as steps per epoch, for Keras 3, which takes it as its step count.
+
+    TensorFlow reports the number of per-replica batches of one worker's dataset, which is
+    not the number of steps with several replicas per worker, and differs between workers
+    whose shares differ: Keras would then end epochs early, or at different steps on
+    different workers. The exact step count, or "unknown" (iterate until the synchronised
+    end of data), is right in every case.
+    """
+
+    def cardinality(self: Any) -> Any:
+        value = fget(self)
+        info = getattr(self, "tfdp_info", None)
+        if not isinstance(info, DatasetInfo) or int(value) == _INFINITE_CARDINALITY:
+            return value
+        # Known counts give the steps even where TensorFlow cannot tell (a step cut into
+        # replica batches by unbatch has unknown cardinality).
+        if info.steps_per_epoch is not None and not info.repeat:
+            return type(value)(info.steps_per_epoch)
+        return type(value)(_UNKNOWN_CARDINALITY)
+
+    return cardinality
+
+
+def _steps_class(base: type) -> type:
+    """A same-named subclass of ``base`` whose ``cardinality`` counts steps, or ``base``."""
+    cls = _STEP_CLASSES.get(base)
+    if cls is None:
+        base_cardinality = inspect.getattr_static(base, "cardinality", None)
+        if not isinstance(base_cardinality, property) or base_cardinality.fget is None:
+            return base
+        namespace: dict[str, Any] = {
+            "cardinality": property(_steps_cardinality(base_cardinality.fget)),
+            "__module__": __name__,
+        }
+        # Same name, so that code matching on the class name (Keras' data adapters walk
+        # the MRO for "DistributedDatasetsFromFunction") still recognises it.
+        cls = type(base.__name__, (base,), namespace)
+        _STEP_CLASSES[base] = cls
+    return cls
+
+
+def attach(dist: Any, info: DatasetInfo, plan: ShardingPlan) -> Any:
+    """``dist`` with ``tfdp_info`` and ``tfdp_plan`` set and its epoch's step count."""
+    from tfdp_utils import compat
+
+    dist.tfdp_info = info
+    dist.tfdp_plan = plan
+    # tf_keras: fit/evaluate then take the epoch's steps from tfdp_info, as Keras 3 does.
+    compat.apply_for_datasets()
+    fit_binding.install()
+    steps_class = _steps_class(type(dist))
+    if steps_class is not type(dist):
+        try:
+            dist.__class__ = steps_class
+        except TypeError:  # pragma: no cover - a class that forbids __class__ assignment
+            logger.warning(
+                "tfdp_utils: cannot set the step count of %s; Keras takes the epoch's steps "
+                "from TensorFlow's cardinality instead.",
+                type(dist).__name__,
+            )
+    return dist

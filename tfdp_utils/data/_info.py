@@ -1,0 +1,142 @@
+"""What a distributed dataset from the builder holds, in exact counts, for whoever consumes it.
+
+Pure Python. :func:`tfdp_utils.build_distributed_dataset` attaches a :class:`DatasetInfo` to
+the dataset it returns (attribute ``tfdp_info``); ``fit`` hands the dataset it trains on to
+its callbacks (:mod:`tfdp_utils.compat._fit_binding`), so the throughput callbacks know the
+global batch size and the exact number of examples each replica receives in each step,
+partial last batch included, without extra arguments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetInfo:
+    """Exact shape of one epoch of a distributed dataset.
+
+    Attributes:
+        global_batch_size: examples in a full step, summed over all replicas of all workers.
+        per_replica_batch_size: examples one replica receives in a full step.
+        num_replicas_in_sync: replicas over all workers.
+        num_workers: worker processes.
+        examples_per_epoch: examples trained per epoch over all workers, or None if unknown
+            (e.g. an infinite or unsized source).
+        steps_per_epoch: steps every worker runs per epoch, or None if unknown.
+        full_steps: steps at the start of each epoch in which every replica receives
+            ``per_replica_batch_size`` examples. None when unknown (then every step is full).
+        tail: for each step after ``full_steps``, the examples each replica receives, by
+            global replica id. Empty when the epoch has no partial step. The builder splits
+            each worker's partial last step evenly over that worker's replicas (28 over 2 ->
+            ``(14, 14)``), except for sparse elements (replicas filled in order: ``(28, 0)``).
+        repeat: whether the dataset repeats without end (epochs then come from
+            ``steps_per_epoch`` passed to ``fit``). When ``steps_per_epoch`` and
+            ``full_steps`` are also known, the dataset repeats whole epochs: every
+            ``steps_per_epoch`` steps, counted from the start of iteration, repeat the same
+            layout (the builder pads each worker's epoch with empty batches to keep them
+            aligned). Otherwise every step of a repeating dataset is full.
+        exact: whether :meth:`examples_in_step` is what each replica receives in every step.
+            False when the builder cannot know: an epoch of unknown size ends in a partial
+            step it cannot see, or a source function batches by itself; the counts then take
+            every step as full.
+    """
+
+    global_batch_size: int
+    per_replica_batch_size: int
+    num_replicas_in_sync: int
+    num_workers: int = 1
+    examples_per_epoch: int | None = None
+    steps_per_epoch: int | None = None
+    full_steps: int | None = None
+    tail: tuple[tuple[int, ...], ...] = ()
+    repeat: bool = False
+    exact: bool = True
+
+    def examples_in_step(self, step_in_epoch: int) -> tuple[int, ...]:
+        """Examples each replica (by global replica id) receives in step ``step_in_epoch``.
+
+        Steps count from 0 at the start of each epoch. Past the end of a known epoch the
+        replicas receive nothing.
+        """
+        full = (self.per_replica_batch_size,) * self.num_replicas_in_sync
+        if self.full_steps is None or step_in_epoch < self.full_steps:
+            return full
+        offset = step_in_epoch - self.full_steps
+        if offset < len(self.tail):
+            return self.tail[offset]
+        return (0,) * self.num_replicas_in_sync
+
+    def examples_in_steps(self, first_step: int, last_step: int) -> tuple[int, ...]:
+        """Per-replica examples summed over steps ``first_step`` .. ``last_step - 1`` (global).
+
+        Steps are counted from the start of training (as ``optimizer.iterations`` counts);
+        epoch boundaries come from ``steps_per_epoch`` when known.
+        """
+        totals = [0] * self.num_replicas_in_sync
+        if last_step <= first_step:
+            return tuple(totals)
+        if self.full_steps is None or not self.steps_per_epoch:
+            count = last_step - first_step
+            return tuple(self.per_replica_batch_size * count for _ in totals)
+        per_epoch = self.steps_per_epoch
+        epoch_totals = self._epoch_totals()
+        step = first_step
+        while step < last_step:
+            in_epoch = step % per_epoch
+            if in_epoch == 0 and step + per_epoch <= last_step:
+                for i, value in enumerate(epoch_totals):
+                    totals[i] += value
+                step += per_epoch
+                continue
+            for i, value in enumerate(self.examples_in_step(in_epoch)):
+                totals[i] += value
+            step += 1
+        return tuple(totals)
+
+    def _epoch_totals(self) -> tuple[int, ...]:
+        full = self.full_steps or 0
+        totals = [self.per_replica_batch_size * full] * self.num_replicas_in_sync
+        for step in self.tail:
+            for i, value in enumerate(step):
+                totals[i] += value
+        return tuple(totals)
+
+
+_lock = threading.Lock()
+
+
+_strategy_ref: Callable[[], Any] | None = None
+
+
+def record_strategy(strategy: Any) -> None:
+    """Note the strategy that :func:`tfdp_utils.auto_strategy` built in this process.
+
+    The builder reads it back (:func:`last_strategy`) to warn when ``strategy=None`` resolves
+    to TensorFlow's default strategy while a multi-replica one exists. Held by weak
+    reference where the strategy allows it, so the record keeps nothing alive.
+    """
+    global _strategy_ref
+    try:
+        ref: Callable[[], Any] = weakref.ref(strategy)
+    except TypeError:  # an object without weak reference support: hold it
+        ref = lambda: strategy  # noqa: E731
+    with _lock:
+        _strategy_ref = ref
+
+
+def last_strategy() -> Any:
+    """The strategy :func:`record_strategy` noted last, or None (none, or since collected)."""
+    with _lock:
+        ref = _strategy_ref
+    return None if ref is None else ref()
+
+
+def info_of(dataset: Any) -> DatasetInfo | None:
+    """The :class:`DatasetInfo` attached to a dataset from the builder, or None."""
+    info = getattr(dataset, "tfdp_info", None)
+    return info if isinstance(info, DatasetInfo) else None

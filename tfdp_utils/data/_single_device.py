@@ -1,0 +1,97 @@
+"""The same data on one device: a builder dataset rebuilt as a plain ``tf.data.Dataset``.
+
+A dataset from :func:`~tfdp_utils.build_distributed_dataset` yields one part of each step per
+replica of the strategy it was built with, so only a model of that strategy (or one with as
+many replicas) can take it; a model loaded or built outside the strategy's scope fails inside
+Keras (``Only input tensors may be passed as positional arguments ... PerReplica``). The builder
+keeps its arguments on the dataset, and :func:`single_device_dataset` builds it again for one
+device: the same source, ``map_fn``, shuffle and repeat, every example of every worker, in
+batches of the same global size, as one ``tf.data.Dataset`` any model takes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tfdp_utils.data._info import info_of
+
+_ARGUMENTS = "_tfdp_build_arguments"
+
+
+class _OneDevice:
+    """What the builder asks of a strategy, for one replica on one worker, without one.
+
+    TensorFlow's default strategy does the same, but inside another strategy's scope it is
+    not the one in force; this stand-in returns the per-worker dataset itself.
+    """
+
+    num_replicas_in_sync = 1
+    extended = None
+
+    def distribute_datasets_from_function(self, dataset_fn: Any, options: Any = None) -> Any:
+        from tfdp_utils._tf import tf
+
+        return dataset_fn(tf.distribute.InputContext())
+
+    def experimental_distribute_dataset(self, dataset: Any, options: Any = None) -> Any:
+        return dataset
+
+
+ONE_DEVICE = _OneDevice()
+
+
+def remember(dist: Any, arguments: dict[str, Any], *, self_batching: bool) -> Any:
+    """``dist`` with the builder's ``arguments`` kept for :func:`single_device_dataset`.
+
+    ``self_batching``: a source function that batches itself decides its batch size on one
+    device too (from ``input_context``), so it is rebuilt with the sizes it was given.
+    """
+    info = info_of(dist)
+    kept = dict(arguments)
+    if info is not None and not self_batching:
+        kept["global_batch_size"] = info.global_batch_size
+        kept["per_replica_batch_size"] = None
+    kept["strategy"] = ONE_DEVICE
+    setattr(dist, _ARGUMENTS, kept)
+    return dist
+
+
+def single_device_dataset(dataset: Any) -> Any:
+    """The data of a builder dataset for one device: a plain, globally batched ``tf.data.Dataset``.
+
+    Use it where a model without the dataset's strategy takes the data: a model saved after
+    distributed training and evaluated by ``keras.models.load_model(path).evaluate(...)``
+    outside the strategy's scope, a single-device baseline, plotting. It is built from the
+    same arguments: the same source, ``map_fn``, ``element``, shuffle (same seed), ``repeat``
+    and ``drop_remainder``, in steps of the same global batch size (a source function that
+    batches itself is called with a one-replica ``input_context``). It holds every example
+    of the source, on every worker (nothing is sharded), and carries ``tfdp_info`` for
+    1 replica.
+
+    Args:
+        dataset: a dataset returned by :func:`~tfdp_utils.build_distributed_dataset` (or by
+            :func:`~tfdp_utils.split_for_validation`).
+
+    Returns:
+        A ``tf.data.Dataset`` of global batches.
+
+    Raises:
+        TypeError: ``dataset`` does not come from the builder.
+
+    Examples:
+        >>> import numpy as np
+        >>> import tfdp_utils as tdu
+        >>> dist = tdu.build_distributed_dataset(np.arange(10), global_batch_size=4)
+        >>> [int(b.shape[0]) for b in tdu.single_device_dataset(dist)]
+        [4, 4, 2]
+    """
+    arguments = getattr(dataset, _ARGUMENTS, None)
+    if not isinstance(arguments, dict):
+        raise TypeError(
+            f"single_device_dataset() takes a dataset from build_distributed_dataset, but "
+            f"received {type(dataset).__name__}. A tf.data.Dataset you built yourself already "
+            "works on one device: pass it to the model directly."
+        )
+    from tfdp_utils.data._builder import build_distributed_dataset
+
+    return build_distributed_dataset(**arguments)

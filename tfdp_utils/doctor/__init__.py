@@ -1,0 +1,32 @@
+"""Checking: ``tfdp-utils doctor``, the known upstream bugs, ``check_replica_equivalence``.
+
+============================  =============================================================
+``doctor/_command.py``        ``tfdp-utils doctor``: versions without TensorFlow, self-tests
+                              in a bounded child process
+``doctor/_checks.py``         the self-tests the child runs
+``doctor/_known_issues.py``   upstream bugs as data, assessed for the installed versions
+``doctor/_equivalence.py``    ``check_replica_equivalence``: N replicas vs one device
+============================  =============================================================
+
+Importing this package imports no TensorFlow; each name loads its module on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tfdp_utils._lazy import surface
+
+if TYPE_CHECKING:
+    from tfdp_utils.doctor._equivalence import EquivalenceReport, check_replica_equivalence
+    from tfdp_utils.errors import ReplicaDivergenceError
+
+_HOMES = {
+    "EquivalenceReport": "tfdp_utils.doctor._equivalence",
+    "ReplicaDivergenceError": "tfdp_utils.errors",
+    "check_replica_equivalence": "tfdp_utils.doctor._equivalence",
+}
+
+__all__ = ["EquivalenceReport", "ReplicaDivergenceError", "check_replica_equivalence"]
+
+__getattr__, __dir__ = surface(__name__, _HOMES, globals(), __all__)

@@ -1,0 +1,83 @@
+"""Every exception and warning a user of tfdp-utils may catch, under one base.
+
+Each error is also the built-in class a user would catch without knowing tfdp-utils
+(``ValueError``, ``TimeoutError``, ``RuntimeError``), so ``except ValueError`` clauses written
+before these classes existed keep working; ``except tdu.errors.TfdpError`` catches them all.
+Pure: imports no TensorFlow.
+
+Examples:
+    >>> import tfdp_utils as tdu
+    >>> issubclass(tdu.ClusterTimeoutError, (tdu.errors.TfdpError, TimeoutError))
+    True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tfdp_utils.doctor._equivalence import EquivalenceReport
+
+
+class TfdpError(Exception):
+    """The base of every exception tfdp-utils raises on purpose."""
+
+
+class ClusterTimeoutError(TfdpError, TimeoutError):
+    """Peers of a multi-worker cluster did not become reachable in time.
+
+    Attributes:
+        missing: ``(task_type, task_index, address)`` for each task that never answered.
+        timeout: the bound in seconds that was exceeded.
+    """
+
+    def __init__(self, message: str, *, missing: Sequence[tuple[str, int, str]], timeout: float):
+        super().__init__(message)
+        self.missing = tuple(missing)
+        self.timeout = timeout
+
+
+class TPUProbeError(TfdpError, RuntimeError):
+    """A TPU was asked for explicitly but could not be reached within the probe timeout."""
+
+
+class KerasCompatError(TfdpError, RuntimeError):
+    """A Keras bug that tfdp-utils knows of and cannot work around in this setting."""
+
+
+class EndlessEpochError(TfdpError, ValueError):
+    """A dataset that never ends was given to Keras without a number of steps."""
+
+
+class StrategyMismatchError(TfdpError, ValueError):
+    """A builder dataset was given to a model whose strategy has another number of replicas."""
+
+
+class ServiceTimeoutError(TfdpError, TimeoutError):
+    """The tf.data service did not answer, or sent nothing, within ``service_timeout``."""
+
+
+class ReplicaDivergenceError(TfdpError, RuntimeError):
+    """Training on N replicas diverged from training on one device (see ``.report``)."""
+
+    def __init__(self, report: EquivalenceReport) -> None:
+        super().__init__(report.summary())
+        self.report = report
+
+
+class ReplicaDivergenceWarning(UserWarning):
+    """Training on N replicas diverged from one device (``on_divergence="warn"``)."""
+
+
+__all__ = [
+    "ClusterTimeoutError",
+    "EndlessEpochError",
+    "KerasCompatError",
+    "ReplicaDivergenceError",
+    "ReplicaDivergenceWarning",
+    "ServiceTimeoutError",
+    "StrategyMismatchError",
+    "TPUProbeError",
+    "TfdpError",
+]

@@ -1,0 +1,312 @@
+"""Building ``tf.distribute`` strategies from a :class:`StrategyChoice`, every wait bounded.
+
+The TensorFlow side of :func:`tfdp_utils.auto_strategy`: connecting to a TPU with each
+networked step under ``probe_timeout``, waiting for a cluster's peers before
+MultiWorkerMirroredStrategy's constructor (which would wait forever), the collective
+watchdog, parameter-server clusters and the servers of their non-chief tasks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from tfdp_utils._validate import env_seconds, positive_float
+from tfdp_utils._waiting import WaitProgress
+from tfdp_utils.cluster._config import ClusterConfig
+from tfdp_utils.cluster._rendezvous import reachable, wait_for_peers, wait_for_servers
+from tfdp_utils.cluster._topology import is_multi_worker
+from tfdp_utils.strategy._faults import COLLECTIVE_TIMEOUT_VARIABLE, CollectiveWatchdog
+
+if TYPE_CHECKING:
+    from tfdp_utils.strategy._choice import StrategyChoice
+
+logger = logging.getLogger("tfdp_utils")
+
+DEFAULT_CLUSTER_TIMEOUT = 300.0
+CLUSTER_TIMEOUT_VARIABLE = "TFDP_CLUSTER_TIMEOUT"
+# Group keys set aside for each MirroredStrategy built here (a strategy uses a handful).
+_COLLECTIVE_KEY_STRIDE = 10_000
+
+_CACHE: dict[tuple[Any, ...], Any] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def resolve_cluster_timeout(value: float) -> float:
+    override = os.environ.get(CLUSTER_TIMEOUT_VARIABLE)
+    name = "cluster_timeout"
+    if override and value == DEFAULT_CLUSTER_TIMEOUT:
+        name = CLUSTER_TIMEOUT_VARIABLE
+        value = env_seconds(name, override, example=DEFAULT_CLUSTER_TIMEOUT)
+    return positive_float(value, name, unit="number of seconds")
+
+
+def _call_with_timeout(fn: Any, timeout: float, what: str) -> Any:
+    """Run ``fn()`` in a daemon thread; raise TimeoutError if it has not returned in time.
+
+    Only for calls that release the GIL while waiting (Python sockets / urllib do).
+    """
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # re-raised in the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name=f"tfdp-probe-{what}", daemon=True)
+    thread.start()
+    progress = WaitProgress(what, bound=timeout, change="auto_strategy(probe_timeout=SECONDS)")
+    deadline = time.monotonic() + timeout
+    while thread.is_alive() and time.monotonic() < deadline:
+        thread.join(min(progress.interval, max(deadline - time.monotonic(), 0.0)))
+        progress.tick()
+    if thread.is_alive():
+        raise TimeoutError(f"{what} did not answer within probe_timeout={timeout:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def connect_tpu(address: str | None, probe_timeout: float) -> Any:
+    """Resolve, reach and initialise a TPU, each networked step bounded by ``probe_timeout``."""
+    from tfdp_utils._tf import tf
+
+    key = ("tpu", address)
+    with _CACHE_LOCK:
+        if key in _CACHE:
+            return _CACHE[key]
+    resolver = _call_with_timeout(
+        lambda: tf.distribute.cluster_resolver.TPUClusterResolver(tpu=address or None),
+        probe_timeout,
+        "TPU resolver (GCE metadata server)",
+    )
+    master = str(resolver.master() or "")
+    if master.startswith("grpc://"):
+        target = master[len("grpc://") :]
+        if not reachable(target, probe_timeout):
+            raise TimeoutError(
+                f"TPU worker {target} did not accept a connection within "
+                f"probe_timeout={probe_timeout:g} s"
+            )
+        tf.config.experimental_connect_to_cluster(resolver)
+    tf.tpu.experimental.initialize_tpu_system(resolver)
+    strategy = tf.distribute.TPUStrategy(resolver)
+    with _CACHE_LOCK:
+        _CACHE[key] = strategy
+    return strategy
+
+
+def _communication_options(devices: Sequence[str]) -> Any:
+    # No timeout_seconds here: TensorFlow starts one sleeping thread per collective for the
+    # whole timeout (thousands of threads in a long run); CollectiveWatchdog bounds instead.
+    from tfdp_utils._tf import tf
+
+    implementation = (
+        tf.distribute.experimental.CommunicationImplementation.NCCL
+        if any(":GPU:" in d for d in devices)
+        else tf.distribute.experimental.CommunicationImplementation.RING
+    )
+    return tf.distribute.experimental.CommunicationOptions(implementation=implementation)
+
+
+def _resolver_for(config: ClusterConfig, num_gpus: int) -> Any:
+    from tfdp_utils._tf import tf
+
+    return tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec({k: list(v) for k, v in config.cluster.items()}),
+        task_type=config.task_type,
+        task_id=config.task_index,
+        rpc_layer="grpc",
+        num_accelerators={"GPU": num_gpus} if num_gpus else None,
+    )
+
+
+def config_from_resolver(resolver: Any) -> ClusterConfig | None:
+    from tfdp_utils.cluster._config import validate_cluster
+
+    spec = resolver.cluster_spec().as_dict()
+    if not spec:
+        return None
+    return validate_cluster(
+        spec, resolver.task_type, resolver.task_id, source=type(resolver).__name__
+    )
+
+
+def _build_multi_worker(
+    choice: StrategyChoice,
+    *,
+    cluster_resolver: Any,
+    cluster_timeout: float,
+    collective_timeout: float | None,
+    num_gpus: int,
+) -> Any:
+    from tfdp_utils._tf import tf
+
+    config = choice.cluster
+    if cluster_resolver is not None:
+        config = config_from_resolver(cluster_resolver)
+    resolver = cluster_resolver
+    if resolver is None and config is not None:
+        resolver = _resolver_for(config, num_gpus)
+    spec = json.dumps(config.as_tf_config(), sort_keys=True) if config else None
+    key = ("multi_worker", spec, choice.devices, collective_timeout)
+    with _CACHE_LOCK:
+        if key in _CACHE:
+            return _CACHE[key]
+    if config is not None and config.num_workers > 1:
+        # MWMS's constructor waits forever for a missing worker and cannot be interrupted
+        # (the call holds the GIL, SIGTERM is ignored), so bound the wait before calling it.
+        wait_for_peers(config, timeout=cluster_timeout)
+    options = _communication_options(choice.devices)
+    if resolver is None:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    else:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(
+            cluster_resolver=resolver, communication_options=options
+        )
+    if collective_timeout is not None and is_multi_worker(strategy):
+        CollectiveWatchdog(collective_timeout).start()  # its thread keeps it alive
+        logger.info(
+            "tfdp_utils: multi-worker calls are bounded by collective_timeout=%g s (change it "
+            "with auto_strategy(collective_timeout=SECONDS) or %s)",
+            collective_timeout,
+            COLLECTIVE_TIMEOUT_VARIABLE,
+        )
+    with _CACHE_LOCK:
+        _CACHE[key] = strategy
+    return strategy
+
+
+def _build_parameter_server(
+    choice: StrategyChoice, *, cluster_resolver: Any, cluster_timeout: float, num_gpus: int
+) -> Any:
+    from tfdp_utils._tf import IS_KERAS3, KERAS_VERSION, tf
+
+    if IS_KERAS3:
+        # Keras 3's TensorFlow trainer has no ParameterServerStrategy path (tf_keras drives
+        # it through a ClusterCoordinator inside Model.fit), so refuse before any network wait.
+        raise ValueError(
+            f"this is the chief of a parameter-server cluster, but the active Keras is Keras "
+            f"{KERAS_VERSION}, whose Model.fit cannot train with ParameterServerStrategy. "
+            "Set TF_USE_LEGACY_KERAS=1 (with tf-keras installed: pip install "
+            "'tfdp-utils[legacy]') before TensorFlow is imported to train with tf_keras, or "
+            "remove 'ps' from the cluster to train with MultiWorkerMirroredStrategy."
+        )
+    config = choice.cluster
+    if cluster_resolver is not None:
+        config = config_from_resolver(cluster_resolver)
+    if config is None:  # pragma: no cover - choose_strategy guarantees a cluster
+        raise ValueError("parameter_server needs a cluster spec")
+    key = ("parameter_server", json.dumps(config.as_tf_config(), sort_keys=True))
+    with _CACHE_LOCK:
+        if key in _CACHE:
+            return _CACHE[key]
+    # Connecting to the cluster waits without a bound for servers that never start.
+    wait_for_servers(config, timeout=cluster_timeout)
+    resolver = cluster_resolver or _resolver_for(config, num_gpus)
+    strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+    with _CACHE_LOCK:
+        _CACHE[key] = strategy
+    return strategy
+
+
+def run_server(*, cluster_resolver: Any = None, environ: Any = None) -> None:
+    """Start this task's TensorFlow server and serve until the process is stopped.
+
+    For the ``worker`` and ``ps`` tasks of a parameter-server cluster, which hold variables
+    and run the steps the chief sends them but never train themselves. The server listens
+    on this task's address from TF_CONFIG (or ``cluster_resolver``) without authentication or
+    encryption: keep the cluster on a private network.
+
+    Args:
+        cluster_resolver: a ``ClusterResolver`` to use instead of TF_CONFIG / SLURM.
+            Defaults to `None`.
+        environ: variables to read instead of ``os.environ``. Defaults to `None`.
+
+    Raises:
+        ValueError: no cluster spec, or this task is a chief or evaluator (which train or
+            evaluate rather than serve).
+
+    Examples:
+        >>> if tdu.cluster_task_type() in ("worker", "ps"):  # doctest: +SKIP
+        ...     tdu.run_server()  # never returns
+    """
+    from tfdp_utils._tf import tf
+    from tfdp_utils.cluster._config import cluster_from_environment
+
+    config = (
+        config_from_resolver(cluster_resolver)
+        if cluster_resolver is not None
+        else cluster_from_environment(environ)
+    )
+    if config is None:
+        raise ValueError(
+            "run_server() found no cluster: TF_CONFIG is unset and this is no multi-task srun "
+            "step. Set TF_CONFIG with this task's place in the cluster."
+        )
+    if config.task_type not in ("worker", "ps"):
+        raise ValueError(
+            f"run_server() is for 'worker' and 'ps' tasks, but this task is "
+            f"{config.task_type}:{config.task_index}; call auto_strategy() and train instead."
+        )
+    os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
+    server = tf.distribute.Server(
+        tf.train.ClusterSpec({k: list(v) for k, v in config.cluster.items()}),
+        job_name=config.task_type,
+        task_index=config.task_index,
+        protocol="grpc",
+        start=True,
+    )
+    logger.info("tfdp_utils: serving %s at %s", config.describe(), config.address)
+    server.join()
+
+
+def build_strategy(
+    choice: StrategyChoice,
+    *,
+    cluster_resolver: Any = None,
+    cross_device_ops: Any = None,
+    cluster_timeout: float = DEFAULT_CLUSTER_TIMEOUT,
+    collective_timeout: float | None = None,
+    num_gpus: int = 0,
+) -> Any:
+    """Build the ``tf.distribute.Strategy`` for a :class:`StrategyChoice` (not for TPUs).
+
+    ``collective_timeout`` here is the resolved bound (None: unbounded); see
+    :func:`auto_strategy`.
+    """
+    from tfdp_utils import _tf
+    from tfdp_utils._tf import tf
+
+    if choice.kind == "parameter_server":
+        return _build_parameter_server(
+            choice,
+            cluster_resolver=cluster_resolver,
+            cluster_timeout=cluster_timeout,
+            num_gpus=num_gpus,
+        )
+    if choice.kind == "multi_worker":
+        return _build_multi_worker(
+            choice,
+            cluster_resolver=cluster_resolver,
+            cluster_timeout=cluster_timeout,
+            collective_timeout=collective_timeout,
+            num_gpus=num_gpus,
+        )
+    if choice.kind == "mirrored":
+        # Every MirroredStrategy in a process starts its collective group keys at the same
+        # number; TensorFlow aborts when one key meets two device sets (a notebook that
+        # builds a 2-device strategy, then a 4-device one), so each gets its own range.
+        _tf.bump_collective_keys(tf.distribute.MirroredStrategy, _COLLECTIVE_KEY_STRIDE)
+        return tf.distribute.MirroredStrategy(
+            devices=list(choice.devices), cross_device_ops=cross_device_ops
+        )
+    if choice.kind == "one_device":
+        return tf.distribute.OneDeviceStrategy(choice.devices[0])
+    raise ValueError(f"build_strategy cannot build {choice.kind!r}; use auto_strategy().")

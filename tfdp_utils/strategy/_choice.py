@@ -1,0 +1,430 @@
+"""``auto_strategy()``: pick a ``tf.distribute`` strategy, explain why, and never hang.
+
+The decision (:func:`choose_strategy`) is a pure function of an :class:`Environment`;
+:func:`auto_strategy` detects the environment, bounds every probe that can wait on the
+network, and builds the strategy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from tfdp_utils import _validate
+from tfdp_utils._validate import positive_float
+from tfdp_utils.cluster._config import ClusterConfig
+from tfdp_utils.data import _info as dataset_info
+from tfdp_utils.errors import TPUProbeError
+from tfdp_utils.strategy._build import (
+    DEFAULT_CLUSTER_TIMEOUT,
+    build_strategy,
+    config_from_resolver,
+    connect_tpu,
+    resolve_cluster_timeout,
+)
+from tfdp_utils.strategy._detect import Environment, detect_environment
+from tfdp_utils.strategy._faults import DEFAULT_COLLECTIVE_TIMEOUT, resolve_collective_timeout
+from tfdp_utils.strategy._xla import keras_xla
+
+logger = logging.getLogger("tfdp_utils")
+
+StrategyKind = Literal["tpu", "multi_worker", "mirrored", "one_device", "parameter_server"]
+STRATEGY_KINDS: tuple[str, ...] = (
+    "tpu",
+    "multi_worker",
+    "mirrored",
+    "one_device",
+    "parameter_server",
+)
+PREFER_CHOICES: tuple[str, ...] = ("auto", *STRATEGY_KINDS)
+
+
+_CLASS_NAMES = {
+    "tpu": "TPUStrategy",
+    "multi_worker": "MultiWorkerMirroredStrategy",
+    "mirrored": "MirroredStrategy",
+    "one_device": "OneDeviceStrategy",
+    "parameter_server": "ParameterServerStrategy",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class StrategyChoice:
+    """The outcome of :func:`choose_strategy`.
+
+    Attributes:
+        kind: ``"tpu"``, ``"multi_worker"``, ``"mirrored"``, ``"one_device"`` or
+            ``"parameter_server"`` (the chief of a cluster with ``ps`` tasks).
+        devices: the local devices the strategy runs on.
+        reason: one line saying why, e.g. ``"2 GPUs visible, no cluster -> mirrored"``.
+        cluster: the cluster for ``multi_worker`` and ``parameter_server``, else None.
+    """
+
+    kind: StrategyKind
+    devices: tuple[str, ...]
+    reason: str
+    cluster: ClusterConfig | None = None
+
+    @property
+    def class_name(self) -> str:
+        """The ``tf.distribute`` class this choice builds."""
+        return _CLASS_NAMES[self.kind]
+
+
+def normalize_device(name: str) -> str:
+    """``"/gpu:0"``, ``"GPU:0"`` or ``"/job:localhost/device:GPU:0"`` -> ``"/device:GPU:0"``."""
+    text = _validate.text(name, "device", hint="Name devices like '/gpu:0'.").strip()
+    tail = text.rsplit("/", 1)[-1]
+    if tail.lower().startswith("device:"):
+        tail = tail[len("device:") :]
+    kind, sep, index = tail.partition(":")
+    if not sep or not index.isdigit() or not kind:
+        raise ValueError(
+            f"device {name!r} is not a device name; expected something like '/gpu:0' or "
+            "'/device:CPU:1'."
+        )
+    return f"/device:{kind.upper()}:{int(index)}"
+
+
+def _check_prefer(prefer: str, source: str) -> str:
+    value = prefer.strip().lower() if isinstance(prefer, str) else prefer
+    if value not in PREFER_CHOICES:
+        raise ValueError(
+            f"{source}={prefer!r} is not a strategy choice; expected one of "
+            f"{', '.join(repr(c) for c in PREFER_CHOICES)}."
+        )
+    return str(value)
+
+
+def _restrict(env: Environment, devices: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(devices, str):
+        raise TypeError(f"devices={devices!r} is a string; pass a list such as ['{devices}'].")
+    if not devices:
+        raise ValueError("devices=[] names no device; pass None to use every visible device.")
+    available = (*env.tpus, *env.gpus, *env.cpus)
+    chosen = tuple(normalize_device(d) for d in devices)
+    missing = [d for d in chosen if d not in available]
+    if missing:
+        raise ValueError(
+            f"devices {missing} are not visible to this process; visible devices are "
+            f"{list(available)}. Check CUDA_VISIBLE_DEVICES or the logical device configuration."
+        )
+    if len(set(chosen)) != len(chosen):
+        raise ValueError(f"devices={list(devices)} names a device twice.")
+    return chosen
+
+
+def _local_choice(env: Environment, devices: tuple[str, ...] | None, why: str) -> StrategyChoice:
+    if devices is not None:
+        kind: StrategyKind = "mirrored" if len(devices) > 1 else "one_device"
+        return StrategyChoice(kind, devices, f"{why}devices={list(devices)} given -> {kind}")
+    if len(env.gpus) >= 2:
+        return StrategyChoice(
+            "mirrored", env.gpus, f"{why}{len(env.gpus)} GPUs visible -> mirrored"
+        )
+    if len(env.cpus) >= 2 and not env.gpus:
+        return StrategyChoice(
+            "mirrored",
+            env.cpus,
+            f"{why}no GPU, {len(env.cpus)} logical CPU devices configured -> mirrored",
+        )
+    if env.gpus:
+        return StrategyChoice("one_device", env.gpus[:1], f"{why}1 GPU visible -> one_device")
+    return StrategyChoice("one_device", env.cpus[:1], f"{why}no GPU or TPU, CPU only -> one_device")
+
+
+def choose_strategy(
+    env: Environment,
+    *,
+    prefer: str = "auto",
+    devices: Sequence[str] | None = None,
+    tpu_failure: str | None = None,
+) -> StrategyChoice:
+    """Decide which strategy ``env`` calls for. Pure: no TensorFlow, no I/O.
+
+    Order for ``prefer="auto"``: TPU when evidently present, then a multi-task cluster
+    (MultiWorkerMirroredStrategy), then 2+ GPUs or 2+ logical CPUs (MirroredStrategy), then
+    one GPU, then the CPU (OneDeviceStrategy). ``env.forced_strategy`` (``TFDP_STRATEGY``)
+    replaces ``"auto"``. In a cluster with ``ps`` tasks the chief (the coordinator) gets
+    ``parameter_server``, an evaluator gets a local strategy, and the ``worker`` and ``ps``
+    tasks get an error: they run :func:`run_server` instead of training.
+
+    Args:
+        env: what the process sees; see :func:`detect_environment`.
+        prefer: ``"auto"``, ``"tpu"``, ``"multi_worker"``, ``"mirrored"``, ``"one_device"``
+            or ``"parameter_server"``. Defaults to `"auto"`.
+        devices: restrict to these local devices. Defaults to `None` (all visible).
+        tpu_failure: why a TPU probe failed; the TPU is then skipped and the reason kept.
+            Defaults to `None`.
+
+    Returns:
+        A :class:`StrategyChoice`.
+
+    Raises:
+        ValueError: for an unknown ``prefer`` or ``TFDP_STRATEGY``, unknown devices, a
+            ``worker`` or ``ps`` task of a parameter-server cluster, a parameter-server
+            cluster without a chief, or ``prefer="parameter_server"`` without ``ps`` tasks.
+    """
+    if not isinstance(env, Environment):
+        raise TypeError(
+            f"env must be an Environment (from tdu.detect_environment()), but received {env!r} "
+            f"of type {type(env).__name__}."
+        )
+    prefer = _check_prefer(prefer, "prefer")
+    why = ""
+    if prefer == "auto" and env.forced_strategy:
+        prefer = _check_prefer(env.forced_strategy, "TFDP_STRATEGY")
+        if prefer != "auto":
+            why = f"TFDP_STRATEGY={prefer}; "
+    chosen = _restrict(env, devices) if devices is not None else None
+    cluster = env.cluster
+    if prefer == "parameter_server" and (cluster is None or not cluster.has_parameter_servers):
+        where = cluster.describe() if cluster else "no cluster spec"
+        raise ValueError(
+            f"prefer='parameter_server' needs a cluster with 'ps' tasks, but there is {where}. "
+            "Set TF_CONFIG with 'chief', 'worker' and 'ps' tasks, or use prefer='auto'."
+        )
+    if cluster is not None and cluster.has_parameter_servers:
+        ps_choice = _parameter_server_choice(cluster, prefer, why)
+        if ps_choice is not None:
+            return ps_choice
+        why += "evaluator task trains nothing, so it runs alone; "
+        return _local_choice(env, chosen, why)
+
+    if prefer == "tpu":
+        tpu_devices = chosen or env.tpus
+        return StrategyChoice("tpu", tpu_devices, f"{why}prefer='tpu' -> tpu")
+    if prefer == "multi_worker":
+        local = chosen or (env.gpus or env.cpus[:1])
+        detail = cluster.describe() if cluster else "no cluster spec, so a single worker"
+        return StrategyChoice("multi_worker", local, f"{why}{detail} -> multi_worker", cluster)
+    if prefer == "mirrored":
+        local = chosen or (env.gpus or env.cpus)
+        return StrategyChoice("mirrored", local, f"{why}prefer='mirrored' -> mirrored")
+    if prefer == "one_device":
+        local = chosen or (env.gpus or env.cpus)[:1]
+        if len(local) != 1:
+            raise ValueError(
+                f"one_device needs exactly one device; devices={list(local)} has {len(local)}."
+            )
+        return StrategyChoice("one_device", local, f"{why}prefer='one_device' -> one_device")
+
+    # prefer == "auto"
+    if tpu_failure:
+        why += f"{tpu_failure}; "
+    elif env.tpus or env.tpu_hint:
+        evidence = env.tpu_hint or f"{len(env.tpus)} local TPU device(s)"
+        return StrategyChoice("tpu", chosen or env.tpus, f"{why}{evidence} -> tpu")
+    if cluster is not None:
+        if cluster.worker_rank is None:
+            why += f"{cluster.task_type} task trains nothing, so it runs alone; "
+        elif cluster.num_workers > 1:
+            local = chosen or (env.gpus or env.cpus[:1])
+            return StrategyChoice(
+                "multi_worker", local, f"{why}{cluster.describe()} -> multi_worker", cluster
+            )
+        else:
+            why += f"{cluster.source} lists a single training task; "
+    return _local_choice(env, chosen, why)
+
+
+def _parameter_server_choice(
+    cluster: ClusterConfig, prefer: str, why: str
+) -> StrategyChoice | None:
+    """The chief's choice in a cluster with ``ps`` tasks; None for the evaluator."""
+    me = f"{cluster.task_type}:{cluster.task_index}"
+    if cluster.task_type == "evaluator":
+        return None
+    if "chief" not in cluster.cluster:
+        raise ValueError(
+            f"the {cluster.source} cluster has 'ps' tasks but no 'chief': parameter-server "
+            "training needs one chief task that coordinates the workers. Add "
+            '"chief": ["host:port"] to the cluster, or remove \'ps\' to train with '
+            "MultiWorkerMirroredStrategy."
+        )
+    if cluster.task_type != "chief":
+        raise ValueError(
+            f"this task is {me} of a parameter-server cluster ({cluster.describe()}): "
+            f"{cluster.task_type} tasks do not build a strategy or train; they serve the chief. "
+            "Call tfdp_utils.run_server() in this task instead (it blocks), e.g.\n"
+            "    if tdu.cluster_task_type() in ('worker', 'ps'):\n"
+            "        tdu.run_server()\n"
+            "    strategy = tdu.auto_strategy()"
+        )
+    if prefer not in ("auto", "parameter_server"):
+        raise ValueError(
+            f"prefer={prefer!r} cannot train a cluster with 'ps' tasks ({cluster.describe()}); "
+            "use prefer='auto' or 'parameter_server', or remove 'ps' from the cluster."
+        )
+    return StrategyChoice(
+        "parameter_server", (), f"{why}{cluster.describe()} -> parameter_server", cluster
+    )
+
+
+def auto_strategy(
+    prefer: str = "auto",
+    *,
+    devices: Sequence[str] | None = None,
+    tpu: str | None = None,
+    cluster_resolver: Any = None,
+    cross_device_ops: Any = None,
+    probe_timeout: float = 5.0,
+    cluster_timeout: float = DEFAULT_CLUSTER_TIMEOUT,
+    collective_timeout: float | None = DEFAULT_COLLECTIVE_TIMEOUT,
+    verbose: bool = True,
+) -> Any:
+    """Pick, build and return the ``tf.distribute.Strategy`` this process should train with.
+
+    TPU > multi-worker cluster > multi-GPU (or several logical CPUs) > one device. Each choice
+    is logged once (logger ``tfdp_utils``) with its reason. Nothing here waits unbounded: a TPU
+    probe gives up after ``probe_timeout`` seconds and falls back (under ``"auto"``), peers of
+    a cluster must answer within ``cluster_timeout`` seconds, and a multi-worker job's calls
+    that wait on a peer end after ``collective_timeout`` seconds. The cluster comes from
+    TF_CONFIG (Kubernetes TFJob, Ray Train) or srun's variables (SLURM); an ``evaluator`` task
+    gets a local strategy, and the chief of a cluster with ``ps`` tasks gets
+    ``ParameterServerStrategy`` (tf_keras only; see :func:`run_server` for the other tasks).
+
+    Args:
+        prefer: ``"auto"``, ``"tpu"``, ``"multi_worker"``, ``"mirrored"`` or ``"one_device"``.
+            The environment variable ``TFDP_STRATEGY`` overrides ``"auto"``. Defaults to `"auto"`.
+        devices: restrict to these local devices, as MirroredStrategy's argument does.
+            Defaults to `None` (every visible device).
+        tpu: TPU name or ``grpc://`` address for ``TPUClusterResolver``. Defaults to `None`.
+        cluster_resolver: a ``tf.distribute.cluster_resolver.ClusterResolver`` to use instead
+            of TF_CONFIG / SLURM. Defaults to `None`.
+        cross_device_ops: passed to MirroredStrategy. Defaults to `None`.
+        probe_timeout: seconds allowed for each TPU probe step. Defaults to `5.0`.
+        cluster_timeout: seconds to wait for every peer of a cluster to start; the variable
+            ``TFDP_CLUSTER_TIMEOUT`` replaces the default. Defaults to `300.0`.
+        collective_timeout: seconds one TensorFlow call of a multi-worker job may wait (a
+            collective whose peer is stuck or gone); past it, the job's collectives are
+            aborted and ``fit`` raises ``tf.errors.DeadlineExceededError`` with a message
+            naming this bound (see :class:`tfdp_utils.strategy.CollectiveWatchdog`). A dead peer
+            is usually reported sooner by TensorFlow itself (``UnavailableError``). Keep it above
+            your slowest step, first trace and save. The variable ``TFDP_COLLECTIVE_TIMEOUT``
+            replaces the default; None or 0 turns the bound off. Defaults to `600.0`.
+        verbose: show the one-line explanation (what was built and why). It is logged at INFO
+            on the ``tfdp_utils`` logger; when no logging set-up would show that, it is printed
+            to stderr instead. False, or a level set on the ``tfdp_utils`` logger, silences it.
+            Defaults to `True`.
+
+    Returns:
+        A ``tf.distribute.Strategy``. Calling again returns an equivalent strategy (the same
+        instance for multi-worker and TPU strategies, which TensorFlow allows once per process).
+
+    Raises:
+        ValueError: unknown ``prefer`` / ``TFDP_STRATEGY``, unknown devices, malformed TF_CONFIG,
+            a bad ``collective_timeout``, a parameter-server cluster under Keras 3 or on a
+            ``worker`` / ``ps`` task.
+        ClusterTimeoutError: peers did not start within ``cluster_timeout``.
+        TPUProbeError: ``prefer="tpu"`` and the TPU could not be reached.
+
+    Examples:
+        >>> strategy = auto_strategy()  # doctest: +SKIP
+        >>> with strategy.scope():  # doctest: +SKIP
+        ...     model = build_model()
+    """
+    probe_timeout = positive_float(probe_timeout, "probe_timeout", unit="number of seconds")
+    if tpu is not None:
+        _validate.text(tpu, "tpu", hint="Pass a TPU name or a 'grpc://host:port' address.")
+    resolved_collective_timeout = resolve_collective_timeout(collective_timeout)
+    cluster_timeout = resolve_cluster_timeout(cluster_timeout)
+    env = detect_environment(tpu=tpu)
+    if cluster_resolver is not None:
+        config = config_from_resolver(cluster_resolver)
+        env = dataclasses.replace(env, cluster=config)
+        if prefer == "auto" and not env.forced_strategy and config is None:
+            prefer = "multi_worker"
+    choice = choose_strategy(env, prefer=prefer, devices=devices)
+    strategy: Any = None
+    if choice.kind == "tpu":
+        try:
+            strategy = connect_tpu(env.tpu_address, probe_timeout)
+        except Exception as exc:
+            if env.tpu_hint or env.tpus:
+                evidence = env.tpu_hint or f"{len(env.tpus)} local TPU device(s)"
+                failure = f"TPU evidence ({evidence}) but probe failed: {exc}"
+            else:
+                failure = (
+                    "a TPU was asked for, but this process sees no TPU (no local TPU devices, "
+                    f"no TPU_NAME / COLAB_TPU_ADDR / TPU address) and the probe failed: {exc}"
+                )
+            if _check_prefer(prefer, "prefer") == "tpu" or env.forced_strategy == "tpu":
+                raise TPUProbeError(
+                    f"{failure}. Check the TPU name/address, or pass probe_timeout=SECONDS to wait "
+                    "longer, or prefer='auto' to fall back to other devices."
+                ) from exc
+            logger.warning("tfdp_utils: %s; falling back", failure)
+            choice = choose_strategy(env, prefer=prefer, devices=devices, tpu_failure=failure)
+    if strategy is None:
+        strategy = build_strategy(
+            choice,
+            cluster_resolver=cluster_resolver,
+            cross_device_ops=cross_device_ops,
+            cluster_timeout=cluster_timeout,
+            collective_timeout=resolved_collective_timeout,
+            num_gpus=len(env.gpus),
+        )
+    if choice.kind == "multi_worker" and choice.cluster is None:
+        logger.warning(
+            "tfdp_utils: prefer='multi_worker' but no cluster is configured (no TF_CONFIG, no "
+            "srun task variables): MultiWorkerMirroredStrategy over this one worker, which "
+            "trains like MirroredStrategy. Set TF_CONFIG (or run under srun) on every worker "
+            "to train on several machines."
+        )
+    _after_build(strategy)
+    where = ", ".join(choice.devices) or ("the cluster" if choice.cluster else "TPU")
+    from tfdp_utils._tf import IS_KERAS3
+
+    xla = keras_xla(choice.kind, keras3=IS_KERAS3, accelerators=len(env.gpus) + len(env.tpus))
+    _announce(
+        f"tfdp_utils: {choice.class_name} over {strategy.num_replicas_in_sync} replica(s) on "
+        f"{where}: {choice.reason}. {xla}",
+        verbose=_validate.boolean(verbose, "verbose"),
+    )
+    strategy._tfdp_choice = choice
+    dataset_info.record_strategy(strategy)
+    return strategy
+
+
+def _info_is_shown() -> bool:
+    """Whether an INFO record of the ``tfdp_utils`` logger reaches some handler."""
+    if not logger.isEnabledFor(logging.INFO):
+        return False
+    node: logging.Logger | None = logger
+    while node is not None:
+        if any(handler.level <= logging.INFO for handler in node.handlers):
+            return True
+        node = node.parent if node.propagate else None
+    return False
+
+
+def _announce(line: str, *, verbose: bool) -> None:
+    """Log the one-line explanation at INFO, and print it when no logging set-up would show it.
+
+    The user's logging configuration is left alone: a script that configured logging sees the
+    line there (once); one that did not sees it on stderr; ``verbose=False``, or a level set on
+    the ``tfdp_utils`` logger (e.g. WARNING), silences it.
+    """
+    logger.info("%s", line)
+    if verbose and logger.level == logging.NOTSET and not _info_is_shown():
+        print(line, file=sys.stderr, flush=True)
+
+
+def _after_build(strategy: Any) -> None:
+    """Apply the Keras workarounds that this strategy needs (see :mod:`tfdp_utils.compat`)."""
+    try:
+        from tfdp_utils import compat
+    except ImportError:  # pragma: no cover
+        return
+    apply = getattr(compat, "apply_for_strategy", None)
+    if apply is not None:
+        apply(strategy)
+
+
+def explain(strategy: Any) -> StrategyChoice | None:
+    """The :class:`StrategyChoice` behind a strategy from :func:`auto_strategy`, if any."""
+    return getattr(strategy, "_tfdp_choice", None)

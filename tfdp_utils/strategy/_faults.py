@@ -1,0 +1,263 @@
+"""Bounded collectives: a watchdog that ends a multi-worker step stuck waiting for a peer.
+
+TensorFlow 2.21 already notices a peer *process* that dies: its socket resets at once, and
+the coordination service stops hearing heartbeats from a frozen or lost task within seconds;
+either way the survivors' collectives fail with ``tf.errors.UnavailableError``. What it does
+not notice is a peer that is alive but never joins the next collective (stuck reading data,
+deadlocked in Python, a different number of steps per worker, a long save on one task): the
+survivors wait forever.
+
+TensorFlow's own bound, ``CommunicationOptions(timeout_seconds=...)``, starts one sleeping
+thread per collective for the whole timeout (its docstring says "debugging only"); measured
+here (``benchmarks/scale_out.py``), 600 steps of a small model with a 300 s timeout left
+about 2,500 threads alive on Keras 3 (4,900 on tf_keras) and ran at 0.66-0.68x the step rate
+of an unbounded job. So :func:`tfdp_utils.auto_strategy` bounds collectives with
+:class:`CollectiveWatchdog` instead: one thread that samples the training thread once a
+second, and when that thread has sat inside one TensorFlow call for ``collective_timeout``
+seconds, aborts the process's collectives (as TensorFlow's own health check does) with a
+message naming the bound and how to change it. ``model.fit`` then raises
+``tf.errors.DeadlineExceededError`` carrying that message.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+from tfdp_utils._waiting import WaitProgress
+
+logger = logging.getLogger("tfdp_utils")
+
+DEFAULT_COLLECTIVE_TIMEOUT = 600.0
+"""Seconds one multi-worker call may wait before the watchdog aborts collectives."""
+
+COLLECTIVE_TIMEOUT_VARIABLE = "TFDP_COLLECTIVE_TIMEOUT"
+"""Environment variable that replaces :data:`DEFAULT_COLLECTIVE_TIMEOUT`; ``0`` turns it off."""
+
+_OFF_WORDS = ("0", "off", "none", "no", "false")
+
+_RUNNING: weakref.WeakSet[CollectiveWatchdog] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_running_watchdogs() -> None:
+    # A watchdog holds the training thread's frame while that thread is inside a TensorFlow
+    # call; dropping it frees the frame's locals (dataset iterators among them). Done by a
+    # daemon thread once the interpreter is finalizing, that free aborts the process in
+    # TensorFlow's C++ destructors ("FATAL: exception not rethrown"), so every watchdog stops
+    # here, before finalization (stopping one that has ended already costs nothing).
+    for watchdog in list(_RUNNING):
+        watchdog.stop()
+
+
+def resolve_collective_timeout(
+    value: float | None, environ: dict[str, str] | None = None
+) -> float | None:
+    """The collective bound in force: the argument, or ``TFDP_COLLECTIVE_TIMEOUT`` for the default.
+
+    Args:
+        value: seconds, :data:`DEFAULT_COLLECTIVE_TIMEOUT`, or None / 0 for no bound.
+        environ: variables to read instead of ``os.environ``. Defaults to `None`.
+
+    Returns:
+        Seconds, or None when collectives are unbounded.
+
+    Raises:
+        ValueError: a negative or non-numeric bound, naming where it came from.
+    """
+    environ = dict(os.environ) if environ is None else environ
+    source = "collective_timeout"
+    if value == DEFAULT_COLLECTIVE_TIMEOUT and environ.get(COLLECTIVE_TIMEOUT_VARIABLE, "").strip():
+        text = environ[COLLECTIVE_TIMEOUT_VARIABLE].strip()
+        source = COLLECTIVE_TIMEOUT_VARIABLE
+        if text.lower() in _OFF_WORDS:
+            return None
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(
+                f"{COLLECTIVE_TIMEOUT_VARIABLE}={text!r} is not a number of seconds; set it to "
+                f"e.g. {DEFAULT_COLLECTIVE_TIMEOUT:g}, or 0 to wait without a bound."
+            ) from None
+    if value is None or value == 0:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(
+            f"{source}={value!r} must be a positive number of seconds, or 0 / None to wait "
+            "without a bound."
+        )
+    return float(value)
+
+
+def timeout_message(timeout: float, waited: float, where: str) -> str:
+    """The error text for a collective that waited past the bound."""
+    return (
+        f"tfdp_utils: this worker waited {waited:.0f} s inside one TensorFlow call ({where}) "
+        f"with collective_timeout={timeout:g} s, so its collectives were aborted: a peer worker "
+        "is stuck or gone (check the other tasks' logs). Restart every task to recover (with "
+        "BackupAndRestore, training resumes). If a step, the first trace or a save really "
+        "takes that long, raise the bound with auto_strategy(collective_timeout=SECONDS) or "
+        f"{COLLECTIVE_TIMEOUT_VARIABLE}=SECONDS (0 turns it off)."
+    )
+
+
+def _tensorflow_dir() -> str:
+    from tfdp_utils._tf import tf
+
+    return str(os.path.dirname(os.path.abspath(tf.__file__))) + os.sep
+
+
+def _abort_collectives(message: str) -> None:
+    from tfdp_utils import _tf
+
+    errors = _tf.framework_errors()
+    _tf.eager_context().context().abort_collective_ops(errors.DEADLINE_EXCEEDED, message)
+
+
+class CollectiveWatchdog:
+    """Aborts collectives when one thread stays in a single TensorFlow call for too long.
+
+    Args:
+        timeout: seconds one call may last.
+        thread_id: the ``threading.get_ident()`` of the training thread. Defaults to `None`
+            (the calling thread).
+        interval: seconds between samples. Defaults to `None` (``min(1, timeout / 10)``).
+        abort: called with the message when the bound passes. Defaults to `None` (abort the
+            process's collective ops).
+        in_call: tells whether a frame is inside a blocking TensorFlow call. Defaults to
+            `None` (the innermost frame's file lies in the installed ``tensorflow`` package).
+
+    Examples:
+        >>> watchdog = CollectiveWatchdog(600.0).start()  # doctest: +SKIP
+        >>> watchdog.stop()  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        timeout: float,
+        *,
+        thread_id: int | None = None,
+        interval: float | None = None,
+        abort: Callable[[str], None] | None = None,
+        in_call: Callable[[FrameType], bool] | None = None,
+    ) -> None:
+        if not timeout > 0:
+            raise ValueError(f"timeout={timeout!r} must be a positive number of seconds.")
+        self.timeout = float(timeout)
+        self.thread_id = threading.get_ident() if thread_id is None else thread_id
+        self.interval = min(1.0, self.timeout / 10) if interval is None else interval
+        self._abort = abort or _abort_collectives
+        if in_call is None:
+            prefix = _tensorflow_dir()
+            in_call = lambda frame: frame.f_code.co_filename.startswith(prefix)  # noqa: E731
+        self._in_call = in_call
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.fired: str | None = None
+        """The message, once the watchdog has aborted collectives; None before."""
+
+    def start(self) -> CollectiveWatchdog:
+        """Start sampling in a daemon thread; returns self."""
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name="tfdp-collective-watchdog", daemon=True
+            )
+            self._thread.start()
+            _RUNNING.add(self)
+        return self
+
+    def stop(self) -> None:
+        """Stop sampling and let go of the training thread's frame (idempotent)."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(5.0)
+        _RUNNING.discard(self)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _run(self) -> None:
+        # The frame inside a TensorFlow call, held so its identity cannot be reused; None
+        # between calls, so the training thread's objects are not kept alive longer than that.
+        held: Any = None
+        held_lasti = -1
+        since = 0.0
+        progress: WaitProgress | None = None
+        while not self._stop.wait(self.interval):
+            frame = sys._current_frames().get(self.thread_id)
+            if frame is None:
+                return  # the training thread has ended
+            now = time.monotonic()
+            if not self._in_call(frame):
+                held = frame = None
+                continue
+            if frame is held and frame.f_lasti == held_lasti:
+                waited = now - since
+                if progress is not None:
+                    progress.tick()
+                if waited >= self.timeout:
+                    where = (
+                        f"{frame.f_code.co_name} in {os.path.basename(frame.f_code.co_filename)}"
+                    )
+                    message = timeout_message(self.timeout, waited, where)
+                    self.fired = message
+                    logger.error("%s", message)
+                    held = frame = None
+                    self._abort(message)
+                    return
+            else:
+                held, held_lasti, since = frame, frame.f_lasti, now
+                progress = WaitProgress(
+                    "one multi-worker call (a peer, or a slow step, first trace or save)",
+                    bound=self.timeout,
+                    change=f"auto_strategy(collective_timeout=SECONDS) or "
+                    f"{COLLECTIVE_TIMEOUT_VARIABLE}",
+                )
+            del frame
+
+
+def worker_backup_dir(backup_dir: str | os.PathLike[str], strategy: Any = None) -> str:
+    """The directory to hand ``keras.callbacks.BackupAndRestore`` on this worker.
+
+    tf_keras's BackupAndRestore coordinates the workers of a MultiWorkerMirroredStrategy
+    itself (the chief writes ``backup_dir``, the others scratch copies), so it gets
+    ``backup_dir`` unchanged. Keras 3's has no multi-worker support: every worker writes the
+    same files (measured here: ``FileExistsError`` from the racing ``makedirs``, and a file
+    half-written by two processes), so under Keras 3 each worker of a multi-worker job gets
+    ``backup_dir/worker_<rank>``. Workers keep their rank across a restart (TF_CONFIG index,
+    SLURM_PROCID), so each restores its own copy; the copies are equal, as synchronous
+    training keeps every worker's weights equal.
+
+    Args:
+        backup_dir: the job's backup directory (local path or ``tf.io.gfile`` URL).
+        strategy: the training strategy. Defaults to `None` (the strategy in scope).
+
+    Returns:
+        The directory for this worker.
+
+    Examples:
+        >>> backup = tdu.worker_backup_dir("gs://bucket/job1/backup", strategy)  # doctest: +SKIP
+        >>> model.fit(dist, callbacks=[keras.callbacks.BackupAndRestore(backup)])  # doctest: +SKIP
+    """
+    from tfdp_utils._tf import IS_KERAS3, tf
+    from tfdp_utils.cluster._topology import position_of
+
+    if not isinstance(backup_dir, (str, os.PathLike)):
+        raise TypeError(
+            f"backup_dir must be a directory path (str or os.PathLike), but received "
+            f"{backup_dir!r} of type {type(backup_dir).__name__}; pass e.g. '/tmp/backup'."
+        )
+    base = os.fspath(backup_dir)
+    position = position_of(strategy or tf.distribute.get_strategy())
+    if not IS_KERAS3 or not position.is_multi_worker:
+        return base
+    return base.rstrip("/") + f"/worker_{position.index}"

@@ -1,0 +1,381 @@
+"""``tfdp-utils report LOGDIR``: throughput figures from the event files a ThroughputLogger wrote.
+
+Reads the runs under ``LOGDIR`` (every record, checksums checked) and prints a table
+(median / min / max examples/s per run, replica skew, workers), or JSON with ``--json``;
+``--plot PATH`` also draws examples/s per run over steps into a PNG (needs matplotlib:
+``pip install 'tfdp-utils[report]'``). Event files whose records fail their checksums are
+reported as corrupt (exit status 1). Reading needs no TensorFlow import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import struct
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from tfdp_utils.throughput._tags import (
+    EXAMPLES,
+    EXAMPLES_PER_SEC,
+    GLOBAL_RUN,
+    MEMORY_PEAK_BYTES,
+    STEPS_PER_SEC,
+    WORKER_SKEW,
+    RunKind,
+    parse_run,
+    replica_run,
+)
+
+_TAGS = (EXAMPLES_PER_SEC, STEPS_PER_SEC, EXAMPLES, WORKER_SKEW, MEMORY_PEAK_BYTES)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSeries:
+    """The throughput series of one TensorBoard run, as ``(step, value)`` pairs per tag."""
+
+    name: str
+    series: dict[str, list[tuple[int, float]]]
+
+    def values(self, tag: str) -> list[float]:
+        """The values of ``tag``, in step order (empty when the run has no such tag)."""
+        return [value for _, value in self.series.get(tag, [])]
+
+
+def read_runs(log_dir: str) -> dict[str, RunSeries]:
+    """Read every run under ``log_dir`` that holds throughput or memory scalars.
+
+    Runs are the directories that hold event files, found recursively as TensorBoard finds
+    them and named by their path under ``log_dir``. Every record is read (TensorBoard's own
+    reader keeps only 10 tensor events per tag by default) with its checksums checked; a
+    file is read up to its first damaged record (see :func:`event_file_problems`). Pure
+    Python and protobuf: no TensorFlow import.
+
+    Args:
+        log_dir: the directory given to ``ThroughputLogger``.
+
+    Returns:
+        Runs by name (``global``, ``replica_0``, ...), in name order.
+
+    Raises:
+        FileNotFoundError: when ``log_dir`` does not exist.
+    """
+    if not os.path.isdir(log_dir):
+        raise FileNotFoundError(
+            f"LOGDIR {log_dir!r} is not a directory; pass the log_dir given to ThroughputLogger."
+        )
+    runs: dict[str, RunSeries] = {}
+    for folder, files in _event_files(log_dir):
+        points: dict[str, dict[int, float]] = {}
+        for path in files:
+            records, _ = _read_records(path)
+            for record in records:
+                _add_points(record, points)
+        if not points:
+            continue
+        name = os.path.relpath(folder, log_dir)
+        display = "." if name == os.curdir else name.replace(os.sep, "/")
+        series = {tag: sorted(points[tag].items()) for tag in _TAGS if tag in points}
+        runs[display] = RunSeries(display, series)
+    return dict(sorted(runs.items()))
+
+
+def _event_files(log_dir: str) -> list[tuple[str, list[str]]]:
+    found = []
+    for folder, _, files in sorted(os.walk(log_dir)):
+        events = sorted(os.path.join(folder, n) for n in files if ".tfevents." in n)
+        if events:
+            found.append((folder, events))
+    return found
+
+
+def _add_points(record: bytes, points: dict[str, dict[int, float]]) -> None:
+    from tensorboard.compat.proto import event_pb2
+    from tensorboard.util import tensor_util
+
+    event = event_pb2.Event.FromString(record)
+    for value in event.summary.value:
+        if value.tag not in _TAGS:
+            continue
+        if value.HasField("tensor"):
+            number = float(tensor_util.make_ndarray(value.tensor))
+        elif value.HasField("simple_value"):
+            number = float(value.simple_value)
+        else:
+            continue
+        points.setdefault(value.tag, {})[int(event.step)] = number  # the last write wins
+
+
+def _read_records(path: str) -> tuple[list[bytes], str]:
+    """The records of one event file up to the first damaged one, and what was wrong."""
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+    with open(path, "rb") as file:
+        data = file.read()
+    records: list[bytes] = []
+    offset = 0
+    while offset < len(data):
+        header = data[offset : offset + 12]
+        partial = f"ends in a partial record after {len(records)} records (still being written?)"
+        if len(header) < 12:
+            return records, partial
+        (length,) = struct.unpack("<Q", header[:8])
+        (length_crc,) = struct.unpack("<I", header[8:])
+        where = f"record {len(records) + 1} at byte {offset}"
+        if masked_crc32c(header[:8]) != length_crc:
+            return records, f"corrupt: {where} fails its length checksum"
+        body = data[offset + 12 : offset + 16 + length]
+        if len(body) < length + 4:
+            return records, partial
+        (data_crc,) = struct.unpack("<I", body[length:])
+        if masked_crc32c(body[:length]) != data_crc:
+            return records, f"corrupt: {where} fails its data checksum"
+        records.append(body[:length])
+        offset += 16 + length
+    return records, ""
+
+
+def event_file_problems(log_dir: str) -> list[str]:
+    """What is wrong with the event files under ``log_dir``, one line per damaged file.
+
+    Every record of a TensorBoard event file carries a CRC of its length and of its data;
+    a file whose record fails a check is corrupt (TensorBoard's reader silently stops at
+    it, so its later points are lost). A file that ends inside its last record is noted as
+    such: a job may still be writing it.
+
+    Args:
+        log_dir: the directory given to ``ThroughputLogger``.
+
+    Returns:
+        ``"PATH: corrupt: ..."`` or ``"PATH: ends in a partial record ..."`` lines, empty when
+        every file reads to its end.
+    """
+    problems = []
+    for _, files in _event_files(log_dir):
+        for path in files:
+            _, problem = _read_records(path)
+            if problem:
+                problems.append(f"{path}: {problem}")
+    return problems
+
+
+def _stats(values: Sequence[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+    }
+
+
+def summarize(runs: dict[str, RunSeries]) -> dict[str, Any]:
+    """Figures per run and across replicas and workers, as a JSON-ready dict.
+
+    Args:
+        runs: from :func:`read_runs`.
+
+    Returns:
+        ``{"runs": {name: {...}}, "replica_skew": ..., "workers": {...}}``. Per run:
+        ``windows``, ``examples_per_sec`` and ``steps_per_sec`` (median / min / max over
+        windows), ``examples`` (the last cumulative count), ``last_step``. ``replica_skew``
+        is ``(max - min) / max`` of the replicas' median examples/s (None with fewer than
+        two replicas). ``workers`` gives each worker's median steps/s and the median of the
+        chief's logged worker skew.
+    """
+    per_run: dict[str, Any] = {}
+    for name, run in runs.items():
+        examples = run.series.get(EXAMPLES, [])
+        rates = run.series.get(EXAMPLES_PER_SEC, [])
+        entry: dict[str, Any] = {
+            "windows": len(rates),
+            "examples_per_sec": _stats(run.values(EXAMPLES_PER_SEC)),
+            "steps_per_sec": _stats(run.values(STEPS_PER_SEC)),
+            "examples": int(examples[-1][1]) if examples else None,
+            "last_step": max((s for s, _ in examples + rates), default=None),
+        }
+        peak = run.values(MEMORY_PEAK_BYTES)
+        if peak:
+            entry["peak_memory_bytes"] = int(max(peak))
+        per_run[name] = entry
+
+    def kind(name: str) -> RunKind | None:
+        parsed = parse_run(name)
+        return None if parsed is None else parsed[0]
+
+    replica_medians = [
+        e["examples_per_sec"]["median"]
+        for n, e in per_run.items()
+        if kind(n) == "replica" and e["examples_per_sec"]
+    ]
+    replica_skew = None
+    if len(replica_medians) >= 2 and max(replica_medians) > 0:
+        replica_skew = (max(replica_medians) - min(replica_medians)) / max(replica_medians)
+    workers = {
+        n: e["steps_per_sec"]["median"]
+        for n, e in per_run.items()
+        if kind(n) == "worker" and e["steps_per_sec"]
+    }
+    skews = [v for run in runs.values() for v in run.values(WORKER_SKEW)]
+    return {
+        "runs": per_run,
+        "replica_skew": replica_skew,
+        "workers": {
+            "count": len(workers),
+            "median_steps_per_sec": workers,
+            "median_skew": statistics.median(skews) if skews else None,
+        },
+    }
+
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.1f}" if value >= 100 else f"{value:.3g}"
+
+
+def format_table(summary: dict[str, Any]) -> str:
+    """The plain-text table ``tfdp-utils report`` prints."""
+    header = ("run", "windows", "median ex/s", "min ex/s", "max ex/s", "steps/s", "examples")
+    rows = [header]
+    for name, entry in summary["runs"].items():
+        rates = entry["examples_per_sec"] or {}
+        steps = entry["steps_per_sec"] or {}
+        rows.append(
+            (
+                name,
+                str(entry["windows"]),
+                _fmt(rates.get("median")),
+                _fmt(rates.get("min")),
+                _fmt(rates.get("max")),
+                _fmt(steps.get("median")),
+                "-" if entry["examples"] is None else f"{entry['examples']:,}",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = [
+        "  ".join(
+            cell.ljust(w) if i == 0 else cell.rjust(w)
+            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        )
+        for row in rows
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    skew = summary["replica_skew"]
+    lines.append("")
+    lines.append(
+        "replica skew (max-min)/max of median examples/s: "
+        + ("-" if skew is None else f"{skew:.1%}")
+    )
+    workers = summary["workers"]
+    if workers["count"]:
+        rates = ", ".join(f"{n} {_fmt(v)}" for n, v in workers["median_steps_per_sec"].items())
+        skew_text = "-" if workers["median_skew"] is None else f"{workers['median_skew']:.1%}"
+        lines.append(f"workers: {workers['count']} ({rates} steps/s); median skew {skew_text}")
+    else:
+        lines.append("workers: 1")
+    return "\n".join(lines)
+
+
+def plot(runs: dict[str, RunSeries], path: str) -> None:
+    """Draw examples/s per run over steps into the PNG file ``path``.
+
+    Raises:
+        ImportError: when matplotlib is not installed (``pip install 'tfdp-utils[report]'``).
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise ImportError(
+            "tfdp-utils report --plot needs matplotlib; install it with "
+            "pip install 'tfdp-utils[report]'."
+        ) from exc
+    figure, axes = plt.subplots(figsize=(9, 5))
+    try:
+        for name, run in runs.items():
+            points = run.series.get(EXAMPLES_PER_SEC, [])
+            if points:
+                steps, values = zip(*points, strict=True)
+                axes.plot(steps, values, label=name, marker="." if len(points) < 50 else None)
+        axes.set_xlabel("optimizer step")
+        axes.set_ylabel("examples / second")
+        axes.set_title("Throughput per run")
+        axes.grid(True, alpha=0.3)
+        axes.legend(loc="best", fontsize="small")
+        figure.tight_layout()
+        figure.savefig(path, dpi=100)
+    finally:
+        plt.close(figure)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``LOGDIR``, ``--plot`` and ``--json`` to ``parser`` (for ``tfdp-utils report``)."""
+    parser.add_argument("logdir", metavar="LOGDIR", help="the log_dir given to ThroughputLogger")
+    parser.add_argument("--plot", metavar="PATH", help="also write examples/s per run as a PNG")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Carry out ``tfdp-utils report`` for parsed ``args``; returns the exit status."""
+    try:
+        runs = read_runs(args.logdir)
+    except FileNotFoundError as exc:
+        print(f"tfdp-utils report: {exc}", file=sys.stderr)
+        return 2
+    problems = event_file_problems(args.logdir)
+    corrupt = [p for p in problems if ": corrupt" in p]
+    for problem in problems:
+        print(f"tfdp-utils report: {problem}", file=sys.stderr)
+    if not runs:
+        print(
+            f"tfdp-utils report: no throughput runs under {args.logdir!r}; expected the "
+            f"log_dir of a ThroughputLogger (runs such as {GLOBAL_RUN!r} and "
+            f"{replica_run(0)!r}).",
+            file=sys.stderr,
+        )
+        return 1
+    summary = summarize(runs)
+    if args.plot:
+        try:
+            plot(runs, args.plot)
+        except ImportError as exc:
+            print(f"tfdp-utils report: {exc}", file=sys.stderr)
+            return 2
+        summary["plot"] = args.plot
+    if problems:
+        summary["event_file_problems"] = problems
+    if args.json:
+        print(json.dumps(summary, indent=2, sort_keys=True))
+    else:
+        print(format_table(summary))
+        if args.plot:
+            print(f"plot: {args.plot}")
+    return 1 if corrupt else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``tfdp-utils report LOGDIR [--plot PATH] [--json]`` as a function.
+
+    Args:
+        argv: the arguments after ``report``. Defaults to `None` (``sys.argv[1:]``).
+
+    Returns:
+        0 on success, 1 when no throughput runs were found or an event file is corrupt, 2
+        for a missing ``LOGDIR`` or a missing plotting extra.
+
+    Examples:
+    >>> main(["logs", "--json"])  # doctest: +SKIP
+    """
+    parser = argparse.ArgumentParser(
+        prog="tfdp-utils report",
+        description="Throughput figures from the event files a ThroughputLogger wrote.",
+    )
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
