@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_python
+from support.processes import REPO, run_python
 
 import tfdp_utils
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from support.processes import REPO
 
 EXAMPLES = sorted(p.name for p in (REPO / "examples").glob("*.py") if p.name != "ray_train.py")
 # Examples that start processes of their own run as they are, each in its own process.

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import REPO
+from support.processes import REPO
 
 import tfdp_utils as tdu
 from tfdp_utils._tf import keras

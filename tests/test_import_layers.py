@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import run_python
+from support.processes import run_python
 
 PURE_MODULES = (
     "tfdp_utils",

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import tensorflow as tf
-from id_metrics import id_metrics
+from support.id_metrics import id_metrics
 
 import tfdp_utils as tdu
 from tfdp_utils.errors import StrategyMismatchError

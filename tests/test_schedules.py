@@ -7,9 +7,9 @@ import json
 
 import numpy as np
 import pytest
-from conftest import run_python
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.processes import run_python
 
 import tfdp_utils as tdu
 from tfdp_utils._tf import keras, tf

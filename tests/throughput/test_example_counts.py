@@ -7,6 +7,8 @@ import pytest
 from tfdp_utils.data._info import DatasetInfo
 from tfdp_utils.throughput._counts import ExampleCounter, even_split, examples_in_epoch_range
 
+pytestmark = pytest.mark.pure
+
 # 5 full steps of 4 per replica, then a partial step split (3, 2) and an empty tail step.
 INFO = DatasetInfo(
     global_batch_size=8,

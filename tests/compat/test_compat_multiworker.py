@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from two_worker_cluster import BATCHES, EPOCHS, GLOBAL_BATCH, phase_results
+from support.two_worker_cluster import BATCHES, EPOCHS, GLOBAL_BATCH, phase_results
 
 from tfdp_utils._tf import IS_KERAS3
 

@@ -1,6 +1,6 @@
 """The command line without TensorFlow: report, env, and argument errors in one line.
 
-These run again with TensorFlow refused (tests/pure/test_runs_without_tensorflow.py): the
+These run again with TensorFlow refused (tests/test_runs_without_tensorflow.py): the
 event files are written with TensorBoard's own TensorFlow-free writer.
 """
 
@@ -21,6 +21,8 @@ from tensorboard.util import tensor_util
 
 from tfdp_utils import cli
 from tfdp_utils.throughput import _tags as tags
+
+pytestmark = pytest.mark.pure
 
 
 def write_run(folder: Path, series: dict[str, list[tuple[int, float]]]) -> Path:

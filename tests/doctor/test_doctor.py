@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
+from support.processes import REPO
 
 from tfdp_utils import compat
 from tfdp_utils._tf import IS_KERAS3, keras, tf

@@ -6,6 +6,8 @@ import pytest
 
 from tfdp_utils.data.service._watch import ServiceWatch
 
+pytestmark = pytest.mark.pure
+
 
 class Clock:
     def __init__(self) -> None:

@@ -8,6 +8,8 @@ import pytest
 
 from tfdp_utils.throughput import _tags as tags
 
+pytestmark = pytest.mark.pure
+
 
 def test_the_schema_is_pinned() -> None:
     # Users' dashboards, scripts and `tfdp-utils report` on old logs rely on these exact

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from two_worker_cluster import phase_results
+from support.two_worker_cluster import phase_results
 
 import tfdp_utils as tdu
 from tfdp_utils._tf import keras, tf
@@ -287,7 +287,7 @@ def test_fit_weighs_a_partial_micro_batch_like_keras(strategy, initial_weights):
 
 @pytest.mark.slow
 def test_two_workers_accumulate_to_the_one_device_weights(two_worker_phases):
-    from two_worker_cluster import (
+    from support.two_worker_cluster import (
         ACCUMULATION_MICRO_BATCH,
         ACCUMULATION_STEP_EXAMPLES,
         ACCUMULATION_STEPS,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import REPO, start_python, wait_all
+from support.processes import REPO, start_python, wait_all
 
 pytest.importorskip("ray.train.tensorflow", reason="Ray Train is the 'ray' extra")
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import Process, free_port, result_line, start_python, tf_config, wait_all
+from support.processes import Process, free_port, result_line, start_python, tf_config, wait_all
 
 import tfdp_utils as tdu
 from tfdp_utils.data._pipeline import reader_threads

@@ -6,7 +6,10 @@ import subprocess
 import sys
 from importlib import metadata
 
-from conftest import REPO
+import pytest
+from support.processes import REPO
+
+pytestmark = pytest.mark.pure
 
 
 def test_version_flag_prints_the_installed_version_without_tensorflow() -> None:

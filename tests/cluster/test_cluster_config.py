@@ -8,7 +8,7 @@ import threading
 import time
 
 import pytest
-from conftest import free_port
+from support.processes import free_port
 
 from tfdp_utils import ClusterTimeoutError
 from tfdp_utils.cluster._config import (
@@ -19,6 +19,8 @@ from tfdp_utils.cluster._config import (
     validate_cluster,
 )
 from tfdp_utils.cluster._rendezvous import wait_for_peers
+
+pytestmark = pytest.mark.pure
 
 GOOD = {"cluster": {"worker": ["localhost:1111", "localhost:2222"]}, "task": {"type": "worker"}}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from two_worker_cluster import MODEL, TRAIN_GLOBAL_BATCH, phase_results
+from support.two_worker_cluster import MODEL, TRAIN_GLOBAL_BATCH, phase_results
 
 from tfdp_utils._tf import keras, tf
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import free_port, result_line, start_python, tf_config, wait_all
+from support.processes import free_port, result_line, start_python, tf_config, wait_all
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tfdp_utils._tf import IS_KERAS3

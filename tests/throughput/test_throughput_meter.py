@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 
 from tfdp_utils.throughput._meter import ThroughputMeter, spread, window_plan
 
+pytestmark = pytest.mark.pure
+
 
 def test_rates_cover_the_window_since_the_previous_update() -> None:
     meter = ThroughputMeter(num_replicas=2)

@@ -6,7 +6,7 @@ import threading
 import time
 
 import pytest
-from conftest import run_python
+from support.processes import run_python
 
 import tfdp_utils as tdu
 from tfdp_utils.strategy._faults import (

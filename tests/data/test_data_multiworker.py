@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import free_port, result_line, start_python, tf_config, wait_all
-from two_worker_cluster import phase_results
+from support.processes import free_port, result_line, start_python, tf_config, wait_all
+from support.two_worker_cluster import phase_results
 
 from tfdp_utils._tf import IS_KERAS3
 

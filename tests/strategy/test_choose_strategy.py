@@ -7,6 +7,8 @@ import pytest
 from tfdp_utils import ClusterConfig, Environment, choose_strategy
 from tfdp_utils.cluster._config import parse_slurm, validate_cluster
 
+pytestmark = pytest.mark.pure
+
 GPU8 = tuple(f"/device:GPU:{i}" for i in range(8))
 GPU2 = GPU8[:2]
 CPU1 = ("/device:CPU:0",)

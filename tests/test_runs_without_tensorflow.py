@@ -1,4 +1,4 @@
-"""``tests/pure`` runs with TensorFlow (and Keras) made impossible to import.
+"""The pure test modules run with TensorFlow (and Keras) made impossible to import.
 
 Every other test in this folder runs again in a fresh ``pytest`` process in which a meta-path
 finder refuses ``tensorflow``, ``keras`` and ``tf_keras`` and records each attempt: the run must
@@ -14,7 +14,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from conftest import PURE, REPO
+from support.processes import REPO, pure_modules
 
 BLOCKED = ("tensorflow", "keras", "tf_keras")
 
@@ -27,12 +27,14 @@ class Refuse:
     def find_spec(self, name, path=None, target=None):
         if name.partition(".")[0] in {blocked!r}:
             self.attempts.append(name)
-            raise ImportError(f"{{name}} is blocked: tests/pure must run without TensorFlow")
+            raise ImportError(f"{{name}} is blocked: pure tests must run without TensorFlow")
         return None
 
 refuse = Refuse()
 sys.meta_path.insert(0, refuse)
 import pytest
+
+pytestmark = pytest.mark.pure
 
 code = pytest.main(sys.argv[2:])
 loaded = sorted(m for m in sys.modules if m.partition(".")[0] in {blocked!r})
@@ -43,7 +45,7 @@ with open(sys.argv[1], "w") as file:
 
 def test_pure_tests_pass_without_tensorflow(tmp_path: Path) -> None:
     this = Path(__file__).resolve()
-    others = sorted(str(p) for p in PURE.glob("test_*.py") if p.resolve() != this)
+    others = [str(p) for p in pure_modules() if p.resolve() != this]
     assert len(others) >= 5, others
     report = tmp_path / "report.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}

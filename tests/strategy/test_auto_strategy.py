@@ -10,7 +10,14 @@ import threading
 import time
 
 import pytest
-from conftest import NUM_LOGICAL_CPUS, free_port, run_python, start_python, tf_config, wait_all
+from support.processes import (
+    NUM_LOGICAL_CPUS,
+    free_port,
+    run_python,
+    start_python,
+    tf_config,
+    wait_all,
+)
 
 import tfdp_utils as tdu
 from tfdp_utils._tf import tf

@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 import pytest
-from conftest import run_python
+from support.processes import run_python
 
 from tfdp_utils._tf import IS_KERAS3
 

@@ -66,7 +66,7 @@ import tfdp_utils as tdu
 from tfdp_utils._tf import keras, tf, IS_KERAS3
 
 sys.path.insert(0, "tests")  # the workers run in the repository root
-from id_metrics import id_metrics
+from support.id_metrics import id_metrics
 
 if hasattr(keras, "config") and hasattr(keras.config, "disable_traceback_filtering"):
     keras.config.disable_traceback_filtering()  # keep Keras' own frames in the traceback
@@ -316,7 +316,7 @@ def launch(folder: Path) -> dict[str, Any]:
     """Run both workers once; ``{"inputs": ..., "workers": [results by task index]}``."""
     import json
 
-    from conftest import free_port, result_line, start_python, tf_config, wait_all
+    from support.processes import free_port, result_line, start_python, tf_config, wait_all
 
     inputs = {
         "examples": BATCHES * GLOBAL_BATCH,

@@ -13,7 +13,7 @@ import socket
 import time
 
 import pytest
-from conftest import Outcome, Process, free_port, start_python, wait_all
+from support.processes import Outcome, Process, free_port, start_python, wait_all
 
 pytestmark = [pytest.mark.slow, pytest.mark.keras]
 

@@ -1,0 +1,1 @@
+"""Plain helper modules shared by the tests (not pytest plugins)."""
