@@ -8,7 +8,10 @@ tf_keras when ``TF_USE_LEGACY_KERAS=1`` was set before TensorFlow resolved ``tf.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator
 from typing import Any
+
+from tfdp_utils._versions import installed_version
 
 _INSTALL_HINT = (
     "tfdp-utils needs TensorFlow, which it does not install by itself so that it never "
@@ -42,14 +45,8 @@ def _keras_version() -> str:
     version = getattr(keras, "__version__", None)
     if version:
         return str(version)
-    from importlib import metadata
-
     name = str(getattr(keras, "__name__", ""))
-    distribution = "tf-keras" if name.startswith("tf_keras") else "keras"
-    try:
-        return metadata.version(distribution)
-    except metadata.PackageNotFoundError:  # pragma: no cover - Keras ships as a distribution
-        return ""
+    return installed_version("tf-keras" if name.startswith("tf_keras") else "keras") or ""
 
 
 KERAS_VERSION: str = _keras_version()
@@ -57,37 +54,6 @@ IS_KERAS3: bool = KERAS_VERSION.split(".")[0] == "3"
 """True when the active Keras is Keras 3, False for tf_keras (Keras 2)."""
 
 KERAS_FLAVOUR: str = "keras3" if IS_KERAS3 else "tf_keras"
-
-
-def tensorflow_flavour() -> str:
-    """Name of the installed TensorFlow distribution (``tensorflow-cpu``, ``tensorflow``, ...).
-
-    The specific flavours are checked first: ``tensorflow-cpu`` may pull in ``tensorflow``'s
-    metadata too.
-    """
-    from importlib import metadata
-
-    def installed(name: str) -> bool:
-        try:
-            metadata.version(name)
-        except metadata.PackageNotFoundError:
-            return False
-        return True
-
-    for name in (
-        "tensorflow-cpu",
-        "tensorflow-tpu",
-        "tensorflow-gpu",
-        "tensorflow-intel",
-        "tensorflow-macos",
-        "tf-nightly-cpu",
-        "tf-nightly",
-    ):
-        if installed(name):
-            return name
-    if installed("tensorflow"):
-        return "tensorflow[and-cuda]" if installed("nvidia-cudnn-cu12") else "tensorflow"
-    return "unknown"
 
 
 # ------------------------------------------------------------------ private TF/Keras APIs
@@ -136,6 +102,24 @@ def dataset_graph_ops(dataset: Any) -> set[str]:
 def dataset_input(dataset: Any) -> Any | None:
     """The dataset ``dataset`` transforms (``_input_dataset``), or None for a source."""
     return getattr(dataset, "_input_dataset", None)
+
+
+MAX_CHAIN_DEPTH = 64
+"""Transformations walked back from the end of a dataset before giving up."""
+
+
+def dataset_chain(dataset: Any) -> Iterator[tuple[str, Any]]:
+    """``(class name, dataset)`` from the last transformation of ``dataset`` back to its source.
+
+    Follows ``_input_dataset`` (the first input of each transformation), at most
+    :data:`MAX_CHAIN_DEPTH` steps: the one walker of a tf.data chain in tfdp-utils.
+    """
+    node = dataset
+    for _ in range(MAX_CHAIN_DEPTH):
+        if node is None:
+            return
+        yield dataset_class_name(node), node
+        node = dataset_input(node)
 
 
 def batch_arguments(dataset: Any) -> tuple[int | None, bool]:

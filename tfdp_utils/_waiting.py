@@ -9,6 +9,7 @@ its loop, so a user watching the log sees a WARNING at least every
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 
@@ -66,3 +67,67 @@ class WaitProgress:
         )
         self.lines.append(line)
         logger.warning("%s", line)
+
+
+class Deadline:
+    """The end of one bounded wait, on a monotonic clock.
+
+    Args:
+        seconds: the bound.
+        clock: a monotonic clock. Defaults to `time.monotonic`.
+    """
+
+    def __init__(self, seconds: float, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self.start = clock()
+        self.end = self.start + seconds
+
+    def elapsed(self) -> float:
+        """Seconds since the wait began."""
+        return self._clock() - self.start
+
+    def remaining(self) -> float:
+        """Seconds left before the bound, never below 0."""
+        return max(self.end - self._clock(), 0.0)
+
+    def passed(self) -> bool:
+        """Whether the bound has passed."""
+        return self._clock() >= self.end
+
+    def slice(self, cap: float, floor: float = 0.0) -> float:
+        """A sub-wait of at most ``cap`` seconds that ends with the bound (at least ``floor``)."""
+        return min(cap, max(self.remaining(), floor))
+
+
+def wait_until(
+    ready: Callable[[], bool],
+    *,
+    deadline: Deadline,
+    progress: WaitProgress,
+    timeout_error: Callable[[], BaseException],
+    poll_interval: float,
+) -> float:
+    """Poll ``ready()`` until it is true, logging progress; raise at the deadline.
+
+    The one wait-until-deadline loop of tfdp-utils: ``ready`` is asked first (a wait that is
+    already over costs nothing), then, while it is false, a progress line may be logged, the
+    bound checked (``timeout_error()`` is raised once it has passed) and the loop sleeps
+    ``poll_interval`` seconds at most, never past the bound.
+
+    Returns:
+        The seconds waited.
+    """
+    while not ready():
+        progress.tick()
+        if deadline.passed():
+            raise timeout_error()
+        time.sleep(deadline.slice(poll_interval))
+    return deadline.elapsed()
+
+
+def join_within(thread: threading.Thread, *, deadline: Deadline, progress: WaitProgress) -> bool:
+    """Join ``thread`` until it ends or the deadline passes, logging progress; True if it ended."""
+    while thread.is_alive() and not deadline.passed():
+        thread.join(deadline.slice(min(progress.interval, 0.5), 0.01))
+        progress.tick()
+    return not thread.is_alive()

@@ -10,6 +10,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from tfdp_utils._versions import installed_version, tensorflow_flavour
+
 ENV_VARIABLES: tuple[str, ...] = (
     "TF_CONFIG",
     "TF_USE_LEGACY_KERAS",
@@ -24,15 +26,6 @@ ENV_VARIABLES: tuple[str, ...] = (
 )
 
 
-def _version(distribution: str) -> str | None:
-    from importlib import metadata
-
-    try:
-        return metadata.version(distribution)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def environment_report() -> dict[str, Any]:
     """Everything ``tfdp-utils env`` prints, as a JSON-ready dictionary.
 
@@ -42,7 +35,7 @@ def environment_report() -> dict[str, Any]:
     from tfdp_utils import __version__
 
     try:
-        from tfdp_utils._tf import IS_KERAS3, KERAS_VERSION, tensorflow_flavour, tf
+        from tfdp_utils._tf import IS_KERAS3, KERAS_VERSION, tf
     except ImportError as exc:
         return _report_without_tensorflow(__version__, exc)
     from tfdp_utils.strategy._choice import choose_strategy
@@ -58,7 +51,7 @@ def environment_report() -> dict[str, Any]:
         "keras": KERAS_VERSION,
         "keras_flavour": "keras3" if IS_KERAS3 else "tf_keras",
         "tf_keras_active": not IS_KERAS3,
-        "tensorboard": _version("tensorboard"),
+        "tensorboard": installed_version("tensorboard"),
         "variables": {name: os.environ[name] for name in ENV_VARIABLES if name in os.environ},
     }
     try:
@@ -93,10 +86,10 @@ def _report_without_tensorflow(version: str, error: ImportError) -> dict[str, An
         "tensorflow": "not installed",
         "tensorflow_error": reason[-1] if reason else repr(error),
         "tensorflow_distribution": None,
-        "keras": _version("keras"),
+        "keras": installed_version("keras"),
         "keras_flavour": None,
-        "tf_keras": _version("tf-keras"),
-        "tensorboard": _version("tensorboard"),
+        "tf_keras": installed_version("tf-keras"),
+        "tensorboard": installed_version("tensorboard"),
         "variables": {name: os.environ[name] for name in ENV_VARIABLES if name in os.environ},
         "devices": None,
         "cluster": None,

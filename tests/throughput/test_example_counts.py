@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tfdp_utils.data._info import DatasetInfo
-from tfdp_utils.throughput._counts import ExampleCounter, even_split, examples_in_epoch_range
+from tfdp_utils.throughput._counts import ExampleCounter, even_split
 
 pytestmark = pytest.mark.pure
 
@@ -40,7 +40,7 @@ def test_even_split_adds_up_and_differs_by_at_most_one(total: int, replicas: int
 @pytest.mark.parametrize("first", range(-1, 9))
 @pytest.mark.parametrize("length", range(0, 10))
 def test_epoch_range_matches_a_step_by_step_count(first: int, length: int) -> None:
-    assert examples_in_epoch_range(INFO, first, first + length) == one_by_one(
+    assert INFO.examples_in_epoch_range(first, first + length) == one_by_one(
         INFO, first, first + length
     )
 

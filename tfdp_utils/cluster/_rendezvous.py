@@ -11,9 +11,8 @@ import contextlib
 import logging
 import socket
 import threading
-import time
 
-from tfdp_utils._waiting import WaitProgress
+from tfdp_utils._waiting import Deadline, WaitProgress, wait_until
 from tfdp_utils.cluster._config import ClusterConfig
 from tfdp_utils.errors import ClusterTimeoutError
 
@@ -139,8 +138,7 @@ def wait_for_peers(
         ClusterTimeoutError: naming each task that never answered and how to wait longer.
         OSError: when this task's own port is taken by another program.
     """
-    start = time.monotonic()
-    deadline = start + timeout
+    deadline = Deadline(timeout)
     own = config.address
     me = f"{config.task_type}:{config.task_index}"
     peers = [task for task in config.training_tasks if task[2] != own]
@@ -166,38 +164,42 @@ def wait_for_peers(
         bound=timeout,
         change=f"auto_strategy({timeout_variable}=SECONDS) or TFDP_CLUSTER_TIMEOUT",
     )
+
+    def all_joined() -> bool:
+        nonlocal pending
+        for task in peers:
+            if state[task] is None:
+                state[task] = _probe(task[2], me, deadline.slice(1.0, 0.05))
+        pending = [
+            task
+            for task in peers
+            if state[task] is None
+            or (state[task] == "rendezvous" and not listener.has_greeted(f"{task[0]}:{task[1]}"))
+        ]
+        return not pending
+
+    def timeout_error() -> ClusterTimeoutError:
+        return ClusterTimeoutError(
+            f"{len(pending)} of {len(peers)} peer task(s) did not join the "
+            f"{config.source} cluster within {timeout:g} s: {_names(pending)}. "
+            f"This task is {me} at {own}. Check that every task was started and that "
+            "the addresses are reachable from here, or wait longer with "
+            f"auto_strategy({timeout_variable}=SECONDS) or the TFDP_CLUSTER_TIMEOUT "
+            "environment variable.",
+            missing=pending,
+            timeout=timeout,
+        )
+
     try:
-        while True:
-            for task in peers:
-                if state[task] is None:
-                    remaining = deadline - time.monotonic()
-                    state[task] = _probe(task[2], me, min(1.0, max(remaining, 0.05)))
-            pending = [
-                task
-                for task in peers
-                if state[task] is None
-                or (
-                    state[task] == "rendezvous" and not listener.has_greeted(f"{task[0]}:{task[1]}")
-                )
-            ]
-            if not pending:
-                break
-            progress.tick()
-            if time.monotonic() >= deadline:
-                raise ClusterTimeoutError(
-                    f"{len(pending)} of {len(peers)} peer task(s) did not join the "
-                    f"{config.source} cluster within {timeout:g} s: {_names(pending)}. "
-                    f"This task is {me} at {own}. Check that every task was started and that "
-                    "the addresses are reachable from here, or wait longer with "
-                    f"auto_strategy({timeout_variable}=SECONDS) or the TFDP_CLUSTER_TIMEOUT "
-                    "environment variable.",
-                    missing=pending,
-                    timeout=timeout,
-                )
-            time.sleep(min(poll_interval, max(deadline - time.monotonic(), 0)))
+        waited = wait_until(
+            all_joined,
+            deadline=deadline,
+            progress=progress,
+            timeout_error=timeout_error,
+            poll_interval=poll_interval,
+        )
     finally:
         listener.close()
-    waited = time.monotonic() - start
     logger.debug("all %d peer(s) started after %.2f s", len(peers), waited)
     return waited
 
@@ -209,8 +211,7 @@ def wait_for_servers(config: ClusterConfig, *, timeout: float, poll_interval: fl
     Raises:
         ClusterTimeoutError: naming each server that never answered and how to wait longer.
     """
-    start = time.monotonic()
-    deadline = start + timeout
+    deadline = Deadline(timeout)
     servers = [
         (task_type, index, address)
         for task_type in ("worker", "ps")
@@ -222,25 +223,28 @@ def wait_for_servers(config: ClusterConfig, *, timeout: float, poll_interval: fl
         bound=timeout,
         change="auto_strategy(cluster_timeout=SECONDS) or TFDP_CLUSTER_TIMEOUT",
     )
-    while pending:
-        pending = [
-            task
-            for task in pending
-            if not reachable(task[2], min(1.0, max(deadline - time.monotonic(), 0.05)))
-        ]
-        if not pending:
-            break
-        progress.tick()
-        if time.monotonic() >= deadline:
-            raise ClusterTimeoutError(
-                f"{len(pending)} of {len(servers)} server task(s) of the {config.source} "
-                f"parameter-server cluster did not answer within {timeout:g} s: "
-                f"{_names(pending)}. Check "
-                "that those tasks run tfdp_utils.run_server() and are reachable from here, or "
-                "wait longer with auto_strategy(cluster_timeout=SECONDS) or the "
-                "TFDP_CLUSTER_TIMEOUT environment variable.",
-                missing=pending,
-                timeout=timeout,
-            )
-        time.sleep(min(poll_interval, max(deadline - time.monotonic(), 0)))
-    return time.monotonic() - start
+
+    def all_serve() -> bool:
+        nonlocal pending
+        pending = [task for task in pending if not reachable(task[2], deadline.slice(1.0, 0.05))]
+        return not pending
+
+    def timeout_error() -> ClusterTimeoutError:
+        return ClusterTimeoutError(
+            f"{len(pending)} of {len(servers)} server task(s) of the {config.source} "
+            f"parameter-server cluster did not answer within {timeout:g} s: "
+            f"{_names(pending)}. Check "
+            "that those tasks run tfdp_utils.run_server() and are reachable from here, or "
+            "wait longer with auto_strategy(cluster_timeout=SECONDS) or the "
+            "TFDP_CLUSTER_TIMEOUT environment variable.",
+            missing=pending,
+            timeout=timeout,
+        )
+
+    return wait_until(
+        all_serve,
+        deadline=deadline,
+        progress=progress,
+        timeout_error=timeout_error,
+        poll_interval=poll_interval,
+    )

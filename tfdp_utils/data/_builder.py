@@ -17,6 +17,7 @@ from typing import Any
 from tfdp_utils._tf import tf
 from tfdp_utils._validate import boolean, positive_int
 from tfdp_utils.cluster._topology import position_of
+from tfdp_utils.data import _elements as element_kinds
 from tfdp_utils.data import _self_batched as self_batched
 from tfdp_utils.data import _single_device as single_device
 from tfdp_utils.data._arguments import (
@@ -68,7 +69,7 @@ def _gather(
     shard_policy: str,
     reader: Callable[[Any], Any],
     count_examples: bool,
-    elements: self_batched.SourceElements = self_batched.EXAMPLES,
+    elements: element_kinds.SourceElements = element_kinds.EXAMPLES,
 ) -> tuple[Any, SourceFacts]:
     """The source as the pipeline reads it (arrays a Dataset, batches unbatched), its facts."""
     kind = source_kind(source)
@@ -77,7 +78,7 @@ def _gather(
         dataset = tf.data.Dataset.from_tensor_slices(source)
         return dataset, SourceFacts("arrays", num_examples=cardinality(dataset))
     if kind == "dataset":
-        source = self_batched.examples_of(source, elements)
+        source = element_kinds.examples_of(source, elements)
     facts = gather_facts(
         source, shard_policy=shard_policy, reader=reader, count_examples=count_examples
     )
@@ -338,19 +339,19 @@ def build_distributed_dataset(
     # What the source's elements are: examples, or batches (self_batched).
     batches, source = self_batched.inspect_source(
         source,
-        self_batched.check_element(element),
+        element_kinds.check_element(element),
         kind=source_kind(source),
         context=tf.distribute.InputContext(position.num_workers, position.index, replicas),
     )
     if batches.kind == "batch" and source_kind(source) == "function":
         return _function_batches(call.strategy, source, batches, arguments)
-    global_batch_size = self_batched.batch_size_of_batches(
+    global_batch_size = element_kinds.batch_size_of_batches(
         batches, global_batch_size, per_replica_batch_size
     )
     per_replica = per_replica_size(
         global_batch_size, per_replica_batch_size, replicas, call.strategy
     )
-    _log(self_batched.element_findings(batches, per_replica * replicas))
+    _log(element_kinds.element_findings(batches, per_replica * replicas))
     shape = StepShape(per_replica, replicas, position.num_workers)
     planned = _plan_call(call, source, batches, shape, position.index, shard_policy, map_fn)
     dist = _build_call(call, planned, raw_source=source, map_fn=map_fn)
@@ -378,7 +379,7 @@ class _Planned:
 def _plan_call(
     call: BuilderCall,
     source: Any,
-    batches: self_batched.SourceElements,
+    batches: element_kinds.SourceElements,
     shape: StepShape,
     worker_index: int,
     shard_policy: str,
@@ -457,7 +458,7 @@ def _build_call(
 def _function_batches(
     strategy: Any,
     source: Callable[[Any], Any],
-    elements: self_batched.SourceElements,
+    elements: element_kinds.SourceElements,
     arguments: dict[str, Any],
 ) -> Any:
     """A ``fn(input_context)`` source that batches itself: its batches go to the replicas."""

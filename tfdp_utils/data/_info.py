@@ -71,39 +71,48 @@ class DatasetInfo:
             return self.tail[offset]
         return (0,) * self.num_replicas_in_sync
 
+    def examples_in_epoch_range(self, first: int, last: int) -> tuple[int, ...]:
+        """Per-replica examples in the steps at positions ``first .. last - 1`` of one epoch.
+
+        Positions past the epoch's steps count nothing: Keras 3 can run one more (empty) step
+        than the epoch has batches before the iterator reports its end.
+        """
+        replicas = self.num_replicas_in_sync
+        if last <= first:
+            return (0,) * replicas
+        if self.full_steps is None:
+            return (self.per_replica_batch_size * (last - first),) * replicas
+        full = max(0, min(last, self.full_steps) - max(first, 0))
+        totals = [self.per_replica_batch_size * full] * replicas
+        end = min(last, self.full_steps + len(self.tail))
+        for position in range(max(first, self.full_steps), end):
+            for i, value in enumerate(self.tail[position - self.full_steps]):
+                totals[i] += value
+        return tuple(totals)
+
     def examples_in_steps(self, first_step: int, last_step: int) -> tuple[int, ...]:
         """Per-replica examples summed over steps ``first_step`` .. ``last_step - 1`` (global).
 
         Steps are counted from the start of training (as ``optimizer.iterations`` counts);
-        epoch boundaries come from ``steps_per_epoch`` when known.
+        epoch boundaries come from ``steps_per_epoch`` when known, and each epoch's part is
+        :meth:`examples_in_epoch_range`.
         """
-        totals = [0] * self.num_replicas_in_sync
         if last_step <= first_step:
-            return tuple(totals)
+            return (0,) * self.num_replicas_in_sync
         if self.full_steps is None or not self.steps_per_epoch:
-            count = last_step - first_step
-            return tuple(self.per_replica_batch_size * count for _ in totals)
+            return (self.per_replica_batch_size * (last_step - first_step),) * (
+                self.num_replicas_in_sync
+            )
         per_epoch = self.steps_per_epoch
-        epoch_totals = self._epoch_totals()
+        totals = [0] * self.num_replicas_in_sync
         step = first_step
         while step < last_step:
-            in_epoch = step % per_epoch
-            if in_epoch == 0 and step + per_epoch <= last_step:
-                for i, value in enumerate(epoch_totals):
-                    totals[i] += value
-                step += per_epoch
-                continue
-            for i, value in enumerate(self.examples_in_step(in_epoch)):
+            epoch_start = step - step % per_epoch
+            end = min(last_step, epoch_start + per_epoch)
+            part = self.examples_in_epoch_range(step - epoch_start, end - epoch_start)
+            for i, value in enumerate(part):
                 totals[i] += value
-            step += 1
-        return tuple(totals)
-
-    def _epoch_totals(self) -> tuple[int, ...]:
-        full = self.full_steps or 0
-        totals = [self.per_replica_batch_size * full] * self.num_replicas_in_sync
-        for step in self.tail:
-            for i, value in enumerate(step):
-                totals[i] += value
+            step = end
         return tuple(totals)
 
 

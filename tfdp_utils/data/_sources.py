@@ -30,42 +30,6 @@ READER_OPS = frozenset(
         "SSTableDataset",
     }
 )
-# Private tf.data classes (read with _tf.dataset_class_name) that keep the element
-# structure; walked through to find a batch.
-PASSTHROUGH_CLASSES = frozenset(
-    {
-        "_PrefetchDataset",
-        "_OptionsDataset",
-        "CacheDataset",
-        "_CacheDataset",
-        "_MemoryCacheDataset",
-        "_RepeatDataset",
-        "_ShuffleDataset",
-        "ShuffleDataset",
-        "_ShardDataset",
-        "_TakeDataset",
-        "_SkipDataset",
-        "_AssertCardinalityDataset",
-        "_FilterDataset",
-        "_ParallelFilterDataset",
-    }
-)
-MAP_CLASSES = frozenset({"_MapDataset", "_ParallelMapDataset"})
-BATCH_CLASSES = frozenset(
-    {
-        "BatchDataset",
-        "_BatchDataset",
-        "_ParallelBatchDataset",
-        "_PaddedBatchDataset",
-        "PaddedBatchDataset",
-        "_RaggedBatchDataset",
-        "_DenseToRaggedDataset",
-        "_SparseBatchDataset",
-        "_RebatchDataset",
-        "_BucketBySequenceLengthDataset",
-    }
-)
-_MAX_DEPTH = 64  # transformations walked back from the end before giving up
 
 
 def is_dataset(source: Any) -> bool:
@@ -196,38 +160,6 @@ def reads_files(dataset: Any) -> bool:
         return bool(_tf.dataset_graph_ops(dataset) & READER_OPS)
     except Exception:  # a dataset that cannot be serialised: treat as not readable
         return False
-
-
-def batched_by(dataset: Any) -> str | None:
-    """The class of the batching transformation at the end of ``dataset``, if any."""
-    node = dataset
-    for _ in range(_MAX_DEPTH):
-        name = _tf.dataset_class_name(node)
-        if name in BATCH_CLASSES:
-            return name
-        if name in MAP_CLASSES:
-            # A map of a batch usually stays a batch, unless it reduces to scalars.
-            specs = tf.nest.flatten(node.element_spec)
-            if not all(getattr(spec.shape, "rank", 0) for spec in specs):
-                return None
-        elif name not in PASSTHROUGH_CLASSES:
-            return None
-        node = _tf.dataset_input(node)
-        if node is None:
-            return None
-    return None
-
-
-def check_unbatched(dataset: Any, what: str) -> None:
-    """Raise ``ValueError`` when ``dataset`` (named ``what``) is already batched."""
-    batch = batched_by(dataset)
-    if batch is not None:
-        raise ValueError(
-            f"{what} is already batched ({batch}); the builder batches by itself so that it "
-            "can split every global batch exactly over the replicas. Pass the unbatched "
-            "dataset (remove .batch(...), or call .unbatch()) and give global_batch_size= or "
-            "per_replica_batch_size=."
-        )
 
 
 def reader_dataset(reader: Callable[[Any], Any], path: str) -> Any:

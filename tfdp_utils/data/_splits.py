@@ -16,7 +16,7 @@ from typing import Any
 from tfdp_utils import _tf
 from tfdp_utils._tf import tf
 from tfdp_utils._validate import positive_float
-from tfdp_utils.data import _self_batched as self_batched
+from tfdp_utils.data import _elements as element_kinds
 from tfdp_utils.data._sources import array_length, cardinality, source_kind
 
 logger = logging.getLogger("tfdp_utils")
@@ -33,7 +33,6 @@ _SHARED = (
     "options",
 )
 _SHUFFLE_CLASSES = frozenset({"_ShuffleDataset", "ShuffleDataset"})
-_MAX_DEPTH = 64
 
 
 def split_point(num_examples: int, validation_split: float) -> int:
@@ -66,9 +65,8 @@ def _check_fraction(validation_split: Any) -> float:
 
 
 def _check_not_reshuffled(dataset: Any) -> None:
-    node = dataset
-    for _ in range(_MAX_DEPTH):
-        if _tf.dataset_class_name(node) in _SHUFFLE_CLASSES:
+    for name, _node in _tf.dataset_chain(dataset):
+        if name in _SHUFFLE_CLASSES:
             raise ValueError(
                 "the source dataset is shuffled before the split, so the last fraction would "
                 "hold other examples every epoch and the validation examples would leak into "
@@ -76,9 +74,6 @@ def _check_not_reshuffled(dataset: Any) -> None:
                 "shuffle_buffer_size= (and seed=) to split_for_validation: the training part "
                 "is shuffled after the split, as Keras does."
             )
-        node = _tf.dataset_input(node)
-        if node is None:
-            return
 
 
 def _split_source(
@@ -104,9 +99,9 @@ def _split_source(
             "validation data yourself (e.g. separate validation files) and pass it as "
             "validation_data=."
         )
-    elements = self_batched.classify(source, element, what="source", source_kind="dataset")
-    examples = self_batched.examples_of(source, elements)
-    kwargs["global_batch_size"] = self_batched.batch_size_of_batches(
+    elements = element_kinds.classify(source, element, what="source", source_kind="dataset")
+    examples = element_kinds.examples_of(source, elements)
+    kwargs["global_batch_size"] = element_kinds.batch_size_of_batches(
         elements, kwargs.get("global_batch_size"), kwargs.get("per_replica_batch_size")
     )
     _check_not_reshuffled(examples)
@@ -171,7 +166,7 @@ def split_for_validation(
     from tfdp_utils.data._builder import build_distributed_dataset
 
     fraction = _check_fraction(validation_split)
-    element = self_batched.check_element(element)
+    element = element_kinds.check_element(element)
     train_source, validation_source, n_train, n_validation, element = _split_source(
         source, fraction, element, kwargs
     )

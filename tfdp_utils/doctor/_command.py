@@ -31,11 +31,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
 from tfdp_utils._validate import positive_float
+from tfdp_utils._versions import installed_flavours, installed_version
+from tfdp_utils._waiting import Deadline
 
 Status = Literal["PASS", "FAIL", "WARN", "SKIP", "INFO"]
 
@@ -44,18 +45,6 @@ DEFAULT_TIMEOUT = 180.0
 
 DEFAULT_CLUSTER_TIMEOUT = 120.0
 """Seconds the 2-worker localhost job may take (``--cluster``)."""
-
-TENSORFLOW_FLAVOURS: tuple[str, ...] = (
-    "tensorflow",
-    "tensorflow-cpu",
-    "tensorflow-gpu",
-    "tensorflow-intel",
-    "tensorflow-tpu",
-    "tensorflow-macos",
-    "tf-nightly",
-    "tf-nightly-cpu",
-)
-"""Distributions that each install the ``tensorflow`` Python package."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,19 +70,6 @@ class Check:
     def as_dict(self) -> dict[str, Any]:
         """The check as a JSON-ready dict."""
         return dataclasses.asdict(self)
-
-
-def _version(distribution: str) -> str | None:
-    try:
-        return metadata.version(distribution)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def installed_flavours() -> dict[str, str]:
-    """The TensorFlow distributions installed here, with their versions (no TensorFlow import)."""
-    found = {name: _version(name) for name in TENSORFLOW_FLAVOURS}
-    return {name: version for name, version in found.items() if version}
 
 
 def flavour_check(flavours: dict[str, str]) -> Check:
@@ -130,10 +106,10 @@ def version_checks() -> list[Check]:
     ]
     legacy = os.environ.get("TF_USE_LEGACY_KERAS", "")
     for label, distribution in (("Keras", "keras"), ("tf_keras", "tf-keras")):
-        version = _version(distribution)
+        version = installed_version(distribution)
         checks.append(Check("versions", label, "INFO", version or "not installed"))
     tf_version = next(iter(flavours.values()), None)
-    tf_keras = _version("tf-keras")
+    tf_keras = installed_version("tf-keras")
     if tf_keras and tf_version and _minor(tf_keras) != _minor(tf_version):
         checks.append(
             Check(
@@ -146,7 +122,9 @@ def version_checks() -> list[Check]:
         )
     checks.append(Check("versions", "TF_USE_LEGACY_KERAS", "INFO", legacy or "unset"))
     for label, distribution in (("TensorBoard", "tensorboard"), ("Ray", "ray")):
-        checks.append(Check("versions", label, "INFO", _version(distribution) or "not installed"))
+        checks.append(
+            Check("versions", label, "INFO", installed_version(distribution) or "not installed")
+        )
     return checks
 
 
@@ -186,7 +164,7 @@ def wait_all(processes: Sequence[subprocess.Popen[str]], timeout: float) -> str 
     Returns:
         None when all exited 0, else what went wrong ("worker 1 exited with 3", "timeout").
     """
-    deadline = time.monotonic() + timeout
+    deadline = Deadline(timeout)
     problem = None
     while problem is None:
         codes = [p.poll() for p in processes]
@@ -195,7 +173,7 @@ def wait_all(processes: Sequence[subprocess.Popen[str]], timeout: float) -> str 
             problem = f"process {failed[0]} exited with {codes[failed[0]]}"
         elif all(code == 0 for code in codes):
             return None
-        elif time.monotonic() > deadline:
+        elif deadline.passed():
             problem = f"still running after the {timeout:g} s bound"
         else:
             time.sleep(0.1)

@@ -12,12 +12,11 @@ import json
 import logging
 import os
 import threading
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from tfdp_utils._validate import env_seconds, positive_float
-from tfdp_utils._waiting import WaitProgress
+from tfdp_utils._waiting import Deadline, WaitProgress, join_within
 from tfdp_utils.cluster._config import ClusterConfig
 from tfdp_utils.cluster._rendezvous import reachable, wait_for_peers, wait_for_servers
 from tfdp_utils.cluster._topology import is_multi_worker
@@ -62,11 +61,7 @@ def _call_with_timeout(fn: Any, timeout: float, what: str) -> Any:
     thread = threading.Thread(target=target, name=f"tfdp-probe-{what}", daemon=True)
     thread.start()
     progress = WaitProgress(what, bound=timeout, change="auto_strategy(probe_timeout=SECONDS)")
-    deadline = time.monotonic() + timeout
-    while thread.is_alive() and time.monotonic() < deadline:
-        thread.join(min(progress.interval, max(deadline - time.monotonic(), 0.0)))
-        progress.tick()
-    if thread.is_alive():
+    if not join_within(thread, deadline=Deadline(timeout), progress=progress):
         raise TimeoutError(f"{what} did not answer within probe_timeout={timeout:g} s")
     if "error" in box:
         raise box["error"]

@@ -27,26 +27,6 @@ def even_split(global_batch_size: int, replicas: int) -> tuple[int, ...]:
     return tuple(base + (1 if i < extra else 0) for i in range(replicas))
 
 
-def examples_in_epoch_range(info: DatasetInfo, first: int, last: int) -> tuple[int, ...]:
-    """Per-replica examples in the steps at positions ``first .. last - 1`` of one epoch.
-
-    Positions past the dataset's epoch count nothing: Keras 3 can run one more (empty) step
-    than the epoch has batches before the iterator reports its end.
-    """
-    replicas = info.num_replicas_in_sync
-    if last <= first:
-        return (0,) * replicas
-    if info.full_steps is None:
-        return (info.per_replica_batch_size * (last - first),) * replicas
-    full = max(0, min(last, info.full_steps) - max(first, 0))
-    totals = [info.per_replica_batch_size * full] * replicas
-    end = min(last, info.full_steps + len(info.tail))
-    for position in range(max(first, info.full_steps), end):
-        for i, value in enumerate(info.tail[position - info.full_steps]):
-            totals[i] += value
-    return tuple(totals)
-
-
 class ExampleCounter:
     """Cumulative examples per replica over one ``fit``, advanced to an optimizer step.
 
@@ -117,7 +97,7 @@ class ExampleCounter:
             # Epochs as fit ran them (not the dataset's steps_per_epoch): positions count
             # from the step at which this epoch began.
             start = self.epoch_start - self.origin
-            return examples_in_epoch_range(info, first - start, last - start)
+            return info.examples_in_epoch_range(first - start, last - start)
         if self.global_batch_size is None:
             raise ValueError("ExampleCounter needs a DatasetInfo or a global_batch_size to count.")
         per_step = even_split(self.global_batch_size, self.num_replicas)

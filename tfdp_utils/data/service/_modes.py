@@ -38,12 +38,11 @@ import logging
 import os
 import socket
 import threading
-import time
 from typing import Any, Literal
 
 from tfdp_utils._tf import service_distribute, tf
 from tfdp_utils._validate import env_seconds, positive_float, text
-from tfdp_utils._waiting import WaitProgress
+from tfdp_utils._waiting import Deadline, WaitProgress, join_within, wait_until
 from tfdp_utils.data._pipeline import (
     Recipe,
     empty_batch,
@@ -212,23 +211,24 @@ def wait_for_service(config: ServiceConfig, *, interval: float | None = None) ->
         ServiceTimeoutError: nothing within ``config.timeout`` seconds; the message says
             which of the two, the bound and how to change it.
     """
-    deadline = time.monotonic() + config.timeout
-    progress = WaitProgress(
-        f"the tf.data service dispatcher at {config.address}",
-        bound=config.timeout,
-        change=CHANGE,
-        interval=interval,
+    deadline = Deadline(config.timeout)
+    wait_until(
+        lambda: _accepts(config, deadline),
+        deadline=deadline,
+        progress=WaitProgress(
+            f"the tf.data service dispatcher at {config.address}",
+            bound=config.timeout,
+            change=CHANGE,
+            interval=interval,
+        ),
+        timeout_error=lambda: ServiceTimeoutError(
+            f"no tf.data service dispatcher answered at {config.address} within "
+            f"service_timeout={config.timeout:g} s (change it with {CHANGE}). Start one "
+            f"with `tfdp-utils data-service dispatcher --port {config.port}` on "
+            f"{config.host}, or pass the address it prints."
+        ),
+        poll_interval=0.5,
     )
-    while not _accepts(config, deadline):
-        progress.tick()
-        if time.monotonic() >= deadline:
-            raise ServiceTimeoutError(
-                f"no tf.data service dispatcher answered at {config.address} within "
-                f"service_timeout={config.timeout:g} s (change it with {CHANGE}). Start one "
-                f"with `tfdp-utils data-service dispatcher --port {config.port}` on "
-                f"{config.host}, or pass the address it prints."
-            )
-        time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
     outcome: dict[str, Any] = {}
 
     def probe() -> None:
@@ -250,9 +250,7 @@ def wait_for_service(config: ServiceConfig, *, interval: float | None = None) ->
         change=CHANGE,
         interval=interval,
     )
-    while thread.is_alive() and time.monotonic() < deadline:
-        thread.join(timeout=min(0.5, max(0.01, deadline - time.monotonic())))
-        progress.tick()
+    join_within(thread, deadline=deadline, progress=progress)
     if "error" in outcome:
         raise RuntimeError(
             f"the tf.data service at {config.address} failed a probe read: {outcome['error']}"
@@ -266,10 +264,11 @@ def wait_for_service(config: ServiceConfig, *, interval: float | None = None) ->
         )
 
 
-def _accepts(config: ServiceConfig, deadline: float) -> bool:
-    timeout = min(2.0, max(0.05, deadline - time.monotonic()))
+def _accepts(config: ServiceConfig, deadline: Deadline) -> bool:
     try:
-        with socket.create_connection((config.host, config.port), timeout=timeout):
+        with socket.create_connection(
+            (config.host, config.port), timeout=deadline.slice(2.0, 0.05)
+        ):
             return True
     except OSError:
         return False

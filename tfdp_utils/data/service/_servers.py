@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from tfdp_utils._validate import positive_float, positive_int
-from tfdp_utils._waiting import WaitProgress
+from tfdp_utils._waiting import Deadline, WaitProgress, wait_until
 
 logger = logging.getLogger("tfdp_utils")
 
@@ -111,21 +111,24 @@ def dispatcher_address(value: Any) -> tuple[str, int]:
 
 def wait_for_port(host: str, port: int, timeout: float, what: str, change: str) -> None:
     """Return once ``host:port`` accepts a TCP connection; ``TimeoutError`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    progress = WaitProgress(f"{what} at {host}:{port}", bound=timeout, change=change)
-    while True:
+
+    def accepts() -> bool:
         try:
             with socket.create_connection((host, port), timeout=2.0):
-                return
+                return True
         except OSError:
-            pass
-        progress.tick()
-        if time.monotonic() >= deadline:
-            raise TimeoutError(
-                f"{what} at {host}:{port} did not answer within {timeout:g} s (change it with "
-                f"{change}). Start it first, or check the address."
-            )
-        time.sleep(0.5)
+            return False
+
+    wait_until(
+        accepts,
+        deadline=Deadline(timeout),
+        progress=WaitProgress(f"{what} at {host}:{port}", bound=timeout, change=change),
+        timeout_error=lambda: TimeoutError(
+            f"{what} at {host}:{port} did not answer within {timeout:g} s (change it with "
+            f"{change}). Start it first, or check the address."
+        ),
+        poll_interval=0.5,
+    )
 
 
 def run_from_args(args: argparse.Namespace) -> int:
