@@ -12,6 +12,10 @@ from collections.abc import Mapping
 from typing import Any
 
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+"""Values of a flag variable that turn it on (``TFDP_NO_KERAS_PATCHES=1``), case-insensitive."""
+
+FALSE_WORDS = frozenset({"0", "false", "no", "off", "none"})
+"""Values that turn a flag or a bound off (``TFDP_COLLECTIVE_TIMEOUT=off``), case-insensitive."""
 """Values of an environment flag that mean "on" (compared after strip() and lower())."""
 
 
@@ -131,6 +135,11 @@ def env_flag(name: str, environ: Mapping[str, str] | None = None) -> bool:
 
     source = os.environ if environ is None else environ
     return source.get(name, "").strip().lower() in TRUE_WORDS
+
+
+def is_off_word(text: str) -> bool:
+    """Whether a variable's value turns its feature off (one of :data:`FALSE_WORDS`)."""
+    return text.strip().lower() in FALSE_WORDS
 
 
 def env_seconds(name: str, text: str, *, example: float) -> float:

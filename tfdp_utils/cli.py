@@ -10,20 +10,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from tfdp_utils import _variables
 from tfdp_utils._versions import installed_version, tensorflow_flavour
 
-ENV_VARIABLES: tuple[str, ...] = (
-    "TF_CONFIG",
-    "TF_USE_LEGACY_KERAS",
-    "TFDP_STRATEGY",
-    "TFDP_CLUSTER_TIMEOUT",
-    "TFDP_NO_KERAS_PATCHES",
-    "TFDP_SLURM_PORT_BASE",
-    "CUDA_VISIBLE_DEVICES",
-    "TPU_NAME",
-    "SLURM_PROCID",
-    "SLURM_STEP_NUM_TASKS",
-)
+ENV_VARIABLES: tuple[str, ...] = _variables.REPORTED
 
 
 def environment_report() -> dict[str, Any]:
@@ -218,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # TensorFlow's own errors (tf.errors.*) are not ValueErrors and keep their trace.
         from tfdp_utils._validate import env_flag
 
-        if env_flag("TFDP_TRACEBACK"):
+        if env_flag(_variables.TRACEBACK):
             raise
         command = getattr(args, "command", None) or "tfdp-utils"
         print(f"tfdp-utils {command}: error: {exc}", file=sys.stderr)

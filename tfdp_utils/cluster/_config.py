@@ -15,6 +15,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tfdp_utils import _variables
 from tfdp_utils._validate import mapping
 
 logger = logging.getLogger("tfdp_utils")
@@ -23,7 +24,7 @@ TRAINING_TASK_TYPES: tuple[str, ...] = ("chief", "worker")
 KNOWN_TASK_TYPES: tuple[str, ...] = ("chief", "worker", "ps", "evaluator")
 
 DEFAULT_SLURM_PORT_BASE = 8888
-SLURM_PORT_BASE_VARIABLE = "TFDP_SLURM_PORT_BASE"
+SLURM_PORT_BASE_VARIABLE = _variables.SLURM_PORT_BASE
 
 _TF_CONFIG_EXAMPLE = (
     'TF_CONFIG=\'{"cluster": {"worker": ["host0:12345", "host1:12345"]}, '

@@ -42,6 +42,7 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
+from tfdp_utils import _variables
 from tfdp_utils._validate import env_flag
 from tfdp_utils.compat import _keras_19246 as keras_19246
 from tfdp_utils.compat import _keras_20582 as keras_20582
@@ -60,7 +61,7 @@ from tfdp_utils.errors import KerasCompatError
 # A child of the package's "tfdp_utils" logger: configuring that one configures this too.
 logger = logging.getLogger("tfdp_utils.compat")
 
-DISABLE_VARIABLE = "TFDP_NO_KERAS_PATCHES"
+DISABLE_VARIABLE = _variables.NO_KERAS_PATCHES
 """Environment variable: ``1`` turns every Keras workaround off."""
 
 WORKAROUNDS: tuple[Workaround, ...] = (

@@ -43,8 +43,9 @@ Status = Literal["PASS", "FAIL", "WARN", "SKIP", "INFO"]
 DEFAULT_TIMEOUT = 180.0
 """Seconds the TensorFlow-side checks may take in all (``--timeout``)."""
 
-DEFAULT_CLUSTER_TIMEOUT = 120.0
-"""Seconds the 2-worker localhost job may take (``--cluster``)."""
+DEFAULT_CLUSTER_JOB_TIMEOUT = 120.0
+"""Seconds the doctor's whole 2-worker localhost job may take (``--cluster``); not the
+peer-rendezvous bound of ``auto_strategy(cluster_timeout=...)``."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,7 +226,7 @@ class DoctorOptions:
     gpu: bool = False
     tpu: bool = False
     timeout: float = DEFAULT_TIMEOUT
-    cluster_timeout: float = DEFAULT_CLUSTER_TIMEOUT
+    cluster_timeout: float = DEFAULT_CLUSTER_JOB_TIMEOUT
 
 
 def _tensorflow_checks(options: DoctorOptions, folder: Path) -> list[Check]:

@@ -15,6 +15,7 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from tfdp_utils import _variables
 from tfdp_utils._validate import env_seconds, positive_float
 from tfdp_utils._waiting import Deadline, WaitProgress, join_within
 from tfdp_utils.cluster._config import ClusterConfig
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("tfdp_utils")
 
 DEFAULT_CLUSTER_TIMEOUT = 300.0
-CLUSTER_TIMEOUT_VARIABLE = "TFDP_CLUSTER_TIMEOUT"
+CLUSTER_TIMEOUT_VARIABLE = _variables.CLUSTER_TIMEOUT
 # Group keys set aside for each MirroredStrategy built here (a strategy uses a handful).
 _COLLECTIVE_KEY_STRIDE = 10_000
 

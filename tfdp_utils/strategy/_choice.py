@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from tfdp_utils import _validate
+from tfdp_utils import _validate, _variables
 from tfdp_utils._validate import positive_float
 from tfdp_utils.cluster._config import ClusterConfig
 from tfdp_utils.data import _info as dataset_info
@@ -176,7 +176,7 @@ def choose_strategy(
     prefer = _check_prefer(prefer, "prefer")
     why = ""
     if prefer == "auto" and env.forced_strategy:
-        prefer = _check_prefer(env.forced_strategy, "TFDP_STRATEGY")
+        prefer = _check_prefer(env.forced_strategy, _variables.STRATEGY)
         if prefer != "auto":
             why = f"TFDP_STRATEGY={prefer}; "
     chosen = _restrict(env, devices) if devices is not None else None

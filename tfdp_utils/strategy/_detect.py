@@ -11,10 +11,11 @@ import dataclasses
 import os
 from collections.abc import Mapping
 
+from tfdp_utils import _variables
 from tfdp_utils._validate import mapping, text
 from tfdp_utils.cluster._config import ClusterConfig, cluster_from_environment
 
-STRATEGY_VARIABLE = "TFDP_STRATEGY"
+STRATEGY_VARIABLE = _variables.STRATEGY
 
 # Variables whose presence means a TPU is evidently meant to be used.
 TPU_VARIABLES: tuple[str, ...] = (

@@ -32,6 +32,8 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from tfdp_utils import _variables
+from tfdp_utils._validate import is_off_word
 from tfdp_utils._waiting import WaitProgress
 
 logger = logging.getLogger("tfdp_utils")
@@ -39,10 +41,8 @@ logger = logging.getLogger("tfdp_utils")
 DEFAULT_COLLECTIVE_TIMEOUT = 600.0
 """Seconds one multi-worker call may wait before the watchdog aborts collectives."""
 
-COLLECTIVE_TIMEOUT_VARIABLE = "TFDP_COLLECTIVE_TIMEOUT"
+COLLECTIVE_TIMEOUT_VARIABLE = _variables.COLLECTIVE_TIMEOUT
 """Environment variable that replaces :data:`DEFAULT_COLLECTIVE_TIMEOUT`; ``0`` turns it off."""
-
-_OFF_WORDS = ("0", "off", "none", "no", "false")
 
 _RUNNING: weakref.WeakSet[CollectiveWatchdog] = weakref.WeakSet()
 
@@ -78,7 +78,7 @@ def resolve_collective_timeout(
     if value == DEFAULT_COLLECTIVE_TIMEOUT and environ.get(COLLECTIVE_TIMEOUT_VARIABLE, "").strip():
         text = environ[COLLECTIVE_TIMEOUT_VARIABLE].strip()
         source = COLLECTIVE_TIMEOUT_VARIABLE
-        if text.lower() in _OFF_WORDS:
+        if is_off_word(text):
             return None
         try:
             value = float(text)

@@ -19,11 +19,12 @@ import time
 import weakref
 from collections.abc import Callable
 
+from tfdp_utils import _variables
 from tfdp_utils._waiting import WaitProgress
 
 logger = logging.getLogger("tfdp_utils")
 
-SERVICE_TIMEOUT_VARIABLE = "TFDP_SERVICE_TIMEOUT"
+SERVICE_TIMEOUT_VARIABLE = _variables.SERVICE_TIMEOUT
 """Environment variable that replaces the default ``service_timeout``."""
 CHANGE = f"build_distributed_dataset(service_timeout=SECONDS) or {SERVICE_TIMEOUT_VARIABLE}"
 """How a user changes the bound, for the messages."""

@@ -1,0 +1,51 @@
+"""Every environment variable tfdp-utils reads, by name: the one home of these strings. Pure.
+
+Each module that reads a variable imports its name from here, and ``tfdp-utils env`` reports
+:data:`REPORTED` (these and the variables of TensorFlow, Keras and the schedulers that decide
+what ``auto_strategy()`` builds), so a new variable is added in one place.
+"""
+
+from __future__ import annotations
+
+STRATEGY = "TFDP_STRATEGY"
+"""Forces the choice of ``auto_strategy`` (``one_device``, ``mirrored``, ``multi_worker``...)."""
+
+CLUSTER_TIMEOUT = "TFDP_CLUSTER_TIMEOUT"
+"""Seconds to wait for the peers of a multi-worker cluster to start."""
+
+COLLECTIVE_TIMEOUT = "TFDP_COLLECTIVE_TIMEOUT"
+"""Seconds one multi-worker call may wait before the collective watchdog aborts it."""
+
+SERVICE_TIMEOUT = "TFDP_SERVICE_TIMEOUT"
+"""Seconds to wait for the tf.data service to answer."""
+
+NO_KERAS_PATCHES = "TFDP_NO_KERAS_PATCHES"
+"""``1`` turns every runtime change to Keras off."""
+
+SLURM_PORT_BASE = "TFDP_SLURM_PORT_BASE"
+"""The first port of a SLURM job's cluster."""
+
+TRACEBACK = "TFDP_TRACEBACK"
+"""``1`` makes the ``tfdp-utils`` command show full tracebacks instead of one-line errors."""
+
+OURS: tuple[str, ...] = (
+    STRATEGY,
+    CLUSTER_TIMEOUT,
+    COLLECTIVE_TIMEOUT,
+    SERVICE_TIMEOUT,
+    NO_KERAS_PATCHES,
+    SLURM_PORT_BASE,
+    TRACEBACK,
+)
+"""Every variable of tfdp-utils' own."""
+
+REPORTED: tuple[str, ...] = (
+    "TF_CONFIG",
+    "TF_USE_LEGACY_KERAS",
+    *OURS,
+    "CUDA_VISIBLE_DEVICES",
+    "TPU_NAME",
+    "SLURM_PROCID",
+    "SLURM_STEP_NUM_TASKS",
+)
+"""What ``tfdp-utils env`` reports: the variables that decide what ``auto_strategy()`` builds."""
