@@ -30,7 +30,8 @@ if TYPE_CHECKING:
         scale_learning_rate,
         steps_per_epoch,
     )
-    from tfdp_utils.cluster._config import ClusterConfig, cluster_task_type
+    from tfdp_utils.cluster._config import ClusterConfig
+    from tfdp_utils.cluster._environments import cluster_task_type
     from tfdp_utils.data._builder import build_distributed_dataset, plan_sharding
     from tfdp_utils.data._info import DatasetInfo
     from tfdp_utils.data._sharding import ShardingPlan
@@ -86,7 +87,7 @@ _HOMES: dict[str, str] = {
     "check_replica_equivalence": "tfdp_utils.doctor._equivalence",
     "choose_strategy": "tfdp_utils.strategy._choice",
     "cluster": "tfdp_utils.cluster",
-    "cluster_task_type": "tfdp_utils.cluster._config",
+    "cluster_task_type": "tfdp_utils.cluster._environments",
     "compat": "tfdp_utils.compat",
     "data": "tfdp_utils.data",
     "detect_environment": "tfdp_utils.strategy._detect",

@@ -11,14 +11,9 @@ import pytest
 from support.processes import free_port
 
 from tfdp_utils import ClusterTimeoutError
-from tfdp_utils.cluster._config import (
-    expand_hostlist,
-    expand_tasks_per_node,
-    parse_slurm,
-    parse_tf_config,
-    validate_cluster,
-)
+from tfdp_utils.cluster._config import parse_tf_config, validate_cluster
 from tfdp_utils.cluster._rendezvous import wait_for_peers
+from tfdp_utils.cluster._slurm import expand_hostlist, expand_tasks_per_node, parse_slurm
 
 pytestmark = pytest.mark.pure
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tfdp_utils import ClusterConfig, Environment, choose_strategy
-from tfdp_utils.cluster._config import parse_slurm, validate_cluster
+from tfdp_utils.cluster._config import validate_cluster
+from tfdp_utils.cluster._slurm import parse_slurm
 
 pytestmark = pytest.mark.pure
 

@@ -7,15 +7,9 @@
 ============================  =============================================================
 """
 
-from tfdp_utils.cluster._config import (
-    ClusterConfig,
-    cluster_from_environment,
-    cluster_task_type,
-    expand_hostlist,
-    parse_slurm,
-    parse_tf_config,
-    validate_cluster,
-)
+from tfdp_utils.cluster._config import ClusterConfig, parse_tf_config, validate_cluster
+from tfdp_utils.cluster._environments import cluster_from_environment, cluster_task_type
+from tfdp_utils.cluster._slurm import expand_hostlist, parse_slurm
 from tfdp_utils.errors import ClusterTimeoutError
 
 __all__ = [

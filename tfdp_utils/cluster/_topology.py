@@ -13,7 +13,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from tfdp_utils.cluster._config import ClusterConfig, cluster_from_environment
+from tfdp_utils.cluster._config import ClusterConfig
+from tfdp_utils.cluster._environments import cluster_from_environment
 
 
 @dataclasses.dataclass(frozen=True)

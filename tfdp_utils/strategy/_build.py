@@ -234,7 +234,7 @@ def run_server(*, cluster_resolver: Any = None, environ: Any = None) -> None:
         ...     tdu.run_server()  # never returns
     """
     from tfdp_utils._tf import tf
-    from tfdp_utils.cluster._config import cluster_from_environment
+    from tfdp_utils.cluster._environments import cluster_from_environment
 
     config = (
         config_from_resolver(cluster_resolver)

@@ -13,7 +13,8 @@ from collections.abc import Mapping
 
 from tfdp_utils import _variables
 from tfdp_utils._validate import mapping, text
-from tfdp_utils.cluster._config import ClusterConfig, cluster_from_environment
+from tfdp_utils.cluster._config import ClusterConfig
+from tfdp_utils.cluster._environments import cluster_from_environment
 
 STRATEGY_VARIABLE = _variables.STRATEGY
 
