@@ -1,7 +1,7 @@
 """Argument and environment-variable checks with one message form, pure Python.
 
 Every message says what was received, what was expected and, where there is one, how to fix
-it: ``"{name} must be {expected}, but received {value!r} ...{hint}"`` (STYLE.md §4).
+it: ``"{name} must be {expected}, but received {value!r} ...{hint}"``.
 """
 
 from __future__ import annotations

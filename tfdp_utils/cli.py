@@ -175,23 +175,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     service_servers.add_arguments(service_parser)
 
-    report_module = _optional_report()
-    if report_module is not None:
-        report_parser = sub.add_parser(
-            "report", help="summarise throughput logs written by ThroughputLogger"
-        )
-        report_module.add_arguments(report_parser)
-        report_parser.set_defaults(func=report_module.run)
+    from tfdp_utils.throughput import _report
+
+    report_parser = sub.add_parser(
+        "report", help="summarise throughput logs written by ThroughputLogger"
+    )
+    _report.add_arguments(report_parser)
+    report_parser.set_defaults(func=_report.run)
     return parser
-
-
-def _optional_report() -> Any:
-    import importlib
-
-    try:
-        return importlib.import_module("tfdp_utils.throughput._report")
-    except ImportError:  # pragma: no cover - the module ships with the package
-        return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -81,3 +81,7 @@ __all__ = [
     "TPUProbeError",
     "TfdpError",
 ]
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)  # tab completion shows the API only

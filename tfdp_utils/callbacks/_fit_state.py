@@ -45,7 +45,7 @@ def memory_devices(replicas: tuple[int, ...], devices: tuple[str, ...]) -> dict[
         try:
             tf.config.experimental.get_memory_info(name)
         except (ValueError, tf.errors.OpError):
-            continue  # the CPU reports no memory
+            continue  # a device that reports no memory
         found[replica] = name
     return found
 

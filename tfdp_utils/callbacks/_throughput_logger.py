@@ -332,7 +332,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
             # Keras has just synced the epoch's logs; one more read here costs nothing and
             # keeps the next epoch's host-side step estimate and example positions exact.
             step = self._read_step()
-            self._count_to(fit, step)
+            fit.counter.count_to(step)
             fit.counter.end_epoch(step)
             self._writers.flush()
 
@@ -386,13 +386,10 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         # (what the dataset's layout and Keras' batch indices count).
         return accumulation.batches_trained(self.model)
 
-    def _count_to(self, fit: FitState, step: int) -> None:
-        fit.counter.count_to(step)
-
     def _log_point(self, fit: FitState, estimate: int) -> None:
         step = self._read_step()
         now = fit.clock.now()
-        self._count_to(fit, step)
+        fit.counter.count_to(step)
         was_warm = fit.meter.warmed_up
         window = fit.meter.update(step=step, time=now, replica_examples=fit.counter.counts)
         # From the host-side estimate, not the read step, so every worker takes the same
@@ -425,7 +422,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         same on all of them), so the worker-rate collective matches.
         """
         now = fit.clock.now()
-        self._count_to(fit, final)
+        fit.counter.count_to(final)
         if final <= fit.written_step:
             return
         if not fit.meter.warmed_up:

@@ -22,3 +22,7 @@ __all__ = [
     "parse_tf_config",
     "validate_cluster",
 ]
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)  # tab completion shows the API only

@@ -375,7 +375,9 @@ def auto_strategy(
             "trains like MirroredStrategy. Set TF_CONFIG (or run under srun) on every worker "
             "to train on several machines."
         )
-    _after_build(strategy)
+    from tfdp_utils import compat
+
+    compat.apply_for_strategy(strategy)  # the Keras workarounds this strategy needs
     where = ", ".join(choice.devices) or ("the cluster" if choice.cluster else "TPU")
     from tfdp_utils._tf import IS_KERAS3
 
@@ -412,17 +414,6 @@ def _announce(line: str, *, verbose: bool) -> None:
     logger.info("%s", line)
     if verbose and logger.level == logging.NOTSET and not _info_is_shown():
         print(line, file=sys.stderr, flush=True)
-
-
-def _after_build(strategy: Any) -> None:
-    """Apply the Keras workarounds that this strategy needs (see :mod:`tfdp_utils.compat`)."""
-    try:
-        from tfdp_utils import compat
-    except ImportError:  # pragma: no cover
-        return
-    apply = getattr(compat, "apply_for_strategy", None)
-    if apply is not None:
-        apply(strategy)
 
 
 def explain(strategy: Any) -> StrategyChoice | None:

@@ -13,3 +13,7 @@ The Keras adapter that feeds these is :class:`tfdp_utils.callbacks.ThroughputLog
 from tfdp_utils.throughput._meter import ThroughputMeter, ThroughputWindow
 
 __all__ = ["ThroughputMeter", "ThroughputWindow"]
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)  # tab completion shows the API only
