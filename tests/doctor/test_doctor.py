@@ -49,7 +49,7 @@ def _doctor(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
 def test_version_checks_read_metadata_without_importing_tensorflow() -> None:
     code = (
         "import json, sys\n"
-        "from tfdp_utils import doctor\n"
+        "from tfdp_utils.doctor import _command as doctor\n"
         "checks = doctor.version_checks()\n"
         "print(json.dumps([c.as_dict() for c in checks]))\n"
         "print('tensorflow' in sys.modules)\n"
