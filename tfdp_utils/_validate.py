@@ -88,7 +88,7 @@ def positive_float(
 
 def boolean(value: Any, name: str) -> bool:
     """``value`` when it is a bool (or NumPy bool), else a clear error: ``"no"`` is not False."""
-    if isinstance(value, bool) or type(value).__name__ == "bool_":
+    if isinstance(value, bool) or type(value).__name__ in ("bool_", "bool"):  # NumPy 1 / 2
         return bool(value)
     raise TypeError(
         f"{name} must be True or False, but received {value!r} of type {type(value).__name__}."

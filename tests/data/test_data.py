@@ -1,6 +1,8 @@
-"""The sharding plan (pure), bad inputs, and in-process distributed datasets on logical CPUs.
+"""The sharding plan against tf.data, bad inputs, and in-process distributed datasets on
+logical CPUs.
 
-Counts are checked against the example ids each replica actually received.
+Counts are checked against the example ids each replica actually received. The pure decision
+tables (policy, files, epoch layout) are in test_sharding.py.
 """
 
 from __future__ import annotations
@@ -19,12 +21,7 @@ from support.id_metrics import id_metrics
 import tfdp_utils as tdu
 from tfdp_utils.data import _info as dataset_info
 from tfdp_utils.data import build_distributed_dataset, plan_sharding
-from tfdp_utils.data._epochs import epoch_layout, split_evenly
 from tfdp_utils.data._sharding import (
-    DEFAULT_SHUFFLE_SEED,
-    assign_files,
-    decide_policy,
-    file_imbalance,
     split_examples,
 )
 
@@ -64,61 +61,7 @@ def _parse_line(line: Any) -> dict[str, Any]:
     return {"id": tf.strings.to_number(line, tf.int64)}
 
 
-# --------------------------------------------------------------------- the pure decisions
-
-
-@pytest.mark.parametrize(
-    ("kind", "workers", "files", "expected"),
-    [
-        ("files", 1, 4, "off"),
-        ("files", 2, 4, "file"),
-        ("files", 2, 2, "file"),
-        ("files", 3, 2, "data"),
-        ("files", 2, 1, "data"),
-        ("arrays", 1, None, "off"),
-        ("arrays", 2, None, "data"),
-        ("dataset", 1, None, "off"),
-        ("dataset", 4, None, "data"),
-        ("function", 1, None, "off"),
-        ("function", 3, None, "off"),
-    ],
-)
-def test_auto_decision_table(kind: Any, workers: int, files: int | None, expected: str) -> None:
-    policy, reason = decide_policy("auto", source_kind=kind, num_workers=workers, num_files=files)
-    assert policy == expected
-    assert reason
-
-
-@pytest.mark.parametrize("kind", ["arrays", "function", "dataset"])
-def test_file_policy_on_a_source_without_files_is_refused(kind: Any) -> None:
-    with pytest.raises(ValueError, match="shard_policy='file' needs a source that reads files"):
-        decide_policy("file", source_kind=kind, num_workers=2)
-
-
-def test_explicit_policies() -> None:
-    assert decide_policy("FILE", source_kind="files", num_workers=2, num_files=1)[0] == "file"
-    assert decide_policy("file", source_kind="dataset", num_workers=2, has_reader=True)[0] == "file"
-    assert decide_policy("data", source_kind="files", num_workers=2, num_files=8)[0] == "data"
-    assert decide_policy("off", source_kind="arrays", num_workers=2)[0] == "off"
-    assert decide_policy("hint", source_kind="dataset", num_workers=2)[0] == "hint"
-    with pytest.raises(ValueError, match=r"'hint' applies to a tf\.data\.Dataset"):
-        decide_policy("hint", source_kind="files", num_workers=2, num_files=2)
-    with pytest.raises(ValueError, match=r"shard_policy='bogus' is not a sharding policy.*'auto'"):
-        decide_policy("bogus", source_kind="arrays", num_workers=2)
-
-
-def test_assign_files_is_a_balanced_partition() -> None:
-    files = [f"f{i}" for i in range(7)]
-    sizes = [100, 10, 10, 10, 50, 50, 10]
-    assigned = assign_files(files, 3, sizes)
-    flat = [f for worker in assigned for f in worker]
-    assert sorted(flat) == files
-    loads = [sum(sizes[files.index(f)] for f in worker) for worker in assigned]
-    assert max(loads) == 100  # the largest file alone bounds the busiest worker
-    assert assign_files(files, 3, sizes) == assigned  # deterministic on every worker
-    assert assign_files(files, 2) == (("f0", "f2", "f4", "f6"), ("f1", "f3", "f5"))
-    assert assign_files(files[:1], 2, sizes[:1]) == (("f0",), ())
-    assert file_imbalance(assigned, files, sizes) == pytest.approx(100 / (240 / 3))
+# -------------------------------------------------------- the pure split against tf.data
 
 
 @pytest.mark.parametrize(("n", "workers"), [(0, 2), (1, 3), (10, 3), (11, 2), (12, 4)])
@@ -128,17 +71,6 @@ def test_split_examples_matches_tf_shard(n: int, workers: int) -> None:
         for i in range(workers)
     )
     assert split_examples(n, workers) == counted
-
-
-def test_epoch_layout_arithmetic() -> None:
-    layout = epoch_layout([13], 2, 3)
-    assert (layout.steps, layout.full_steps, layout.tail) == (3, 2, ((1, 0, 0),))
-    uneven = epoch_layout([9, 3], 2, 1)
-    assert uneven.steps == 5 and uneven.full_steps == 1
-    assert uneven.tail == ((2, 1), (2, 0), (2, 0), (1, 0))
-    dropped = epoch_layout([9, 3], 2, 1, drop_remainder=True)
-    assert (dropped.steps, dropped.examples, dropped.dropped) == (1, 4, 8)
-    assert epoch_layout([], 2, 1).steps == 0
 
 
 # ----------------------------------------------------------- exact counts vs counted ids
@@ -399,10 +331,6 @@ def test_plan_sharding_public_api(tmp_path: Path) -> None:
     assert "examples per worker" in plan.describe()
 
 
-def test_default_seed_for_data_sharding_is_documented() -> None:
-    assert isinstance(DEFAULT_SHUFFLE_SEED, int)
-
-
 # --------------------------------------------------- what the throughput callbacks rely on
 
 
@@ -636,44 +564,6 @@ def test_exported() -> None:
 
 
 # ------------------------------------------- the last partial step, split over the replicas
-
-
-def test_split_evenly() -> None:
-    assert split_evenly(28, 2) == (14, 14)
-    assert split_evenly(29, 2) == (15, 14)
-    assert split_evenly(5, 4) == (2, 1, 1, 1)
-    assert split_evenly(2, 3) == (1, 1, 0)
-    assert split_evenly(0, 2) == (0, 0)
-
-
-def test_epoch_layout_splits_each_workers_last_step_evenly() -> None:
-    layout = epoch_layout([1500], 32, 2)
-    assert (layout.steps, layout.full_steps, layout.tail) == (24, 23, ((14, 14),))
-    assert epoch_layout([1500], 32, 2, split_last_step=False).tail == ((28, 0),)
-    assert epoch_layout([93], 32, 2).tail == ((15, 14),)
-    assert epoch_layout([69], 16, 4).tail == ((2, 1, 1, 1),)
-    # Two workers of two replicas: each worker splits its own last step.
-    assert epoch_layout([13, 12], 4, 2).tail == ((3, 2, 2, 2),)
-    assert epoch_layout([17, 16], 4, 2).tail == ((1, 0, 0, 0),)
-    # A worker that runs out a step early gets empty batches in the last step.
-    assert epoch_layout([24, 23], 4, 2).tail == ((4, 4, 4, 3),)
-    assert epoch_layout([25, 23], 4, 2).tail == ((4, 4, 4, 3), (1, 0, 0, 0))
-
-
-@pytest.mark.parametrize("workers", [1, 2, 3])
-@pytest.mark.parametrize("local", [1, 2, 4])
-def test_data_sharding_last_step_leaves_a_replica_empty_only_when_it_must(
-    workers: int, local: int
-) -> None:
-    batch = 3
-    global_size = batch * local * workers
-    for n in range(1, 4 * global_size):
-        layout = epoch_layout(split_examples(n, workers), batch, local)
-        for row in layout.tail:
-            total = sum(row)
-            assert max(row) - min(row) <= 1, (n, row)
-            if min(row) == 0:
-                assert total < workers * local, (n, row)
 
 
 @pytest.mark.parametrize("replicas", [2, 4])

@@ -13,6 +13,8 @@ from tfdp_utils.doctor._known_issues import (
     parse_version,
 )
 
+pytestmark = pytest.mark.pure
+
 REQUIRED = (
     "keras#20585",
     "tensorflow#72388",

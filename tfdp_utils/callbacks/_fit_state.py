@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 from collections.abc import Mapping
 from typing import Any
 
 from tfdp_utils._tf import tf
 from tfdp_utils.cluster import _topology as topology
 from tfdp_utils.data import _info as dataset_info
+from tfdp_utils.throughput._clock import PausableClock
 from tfdp_utils.throughput._counts import ExampleCounter
 from tfdp_utils.throughput._meter import ThroughputMeter, ThroughputWindow
 
@@ -69,50 +69,6 @@ class Placement:
     num_replicas: int
     position: topology.WorkerPosition
     memory_devices: Mapping[int, str]
-
-
-class PausableClock:
-    """Host seconds (``time.perf_counter``) that stand still while any pause is held.
-
-    Pauses are named (``"validation"``, ``"epoch_start"``), so that one ending never restarts
-    the clock while another is still held.
-    """
-
-    def __init__(self) -> None:
-        self._excluded = 0.0
-        self._paused_at: float | None = None
-        self._reasons: set[str] = set()
-
-    def now(self) -> float:
-        """Seconds so far, the paused spans left out."""
-        now = self._paused_at if self._paused_at is not None else time.perf_counter()
-        return now - self._excluded
-
-    def pause(self, reason: str = "validation") -> None:
-        """Hold the clock for ``reason`` (validation starts, an epoch ends)."""
-        if not self._reasons:
-            self._paused_at = time.perf_counter()
-        self._reasons.add(reason)
-
-    def resume(self, reason: str = "validation") -> float:
-        """Release ``reason``; the clock runs again when no pause is held.
-
-        Returns:
-            Seconds since the clock stopped, when this release restarts it; else 0.
-        """
-        if reason not in self._reasons:
-            return 0.0
-        self._reasons.discard(reason)
-        if self._reasons or self._paused_at is None:
-            return 0.0
-        held = time.perf_counter() - self._paused_at
-        self._excluded += held
-        self._paused_at = None
-        return held
-
-    def held(self, reason: str) -> bool:
-        """Whether a pause for ``reason`` is held."""
-        return reason in self._reasons
 
 
 class FitData:

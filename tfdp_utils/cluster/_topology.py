@@ -75,10 +75,12 @@ def position_from_environment(
 
 
 def is_multi_worker(strategy: Any) -> bool:
-    """True when ``strategy`` spans more than one training worker."""
+    """True when ``strategy`` spans more than one training worker (False for None)."""
+    if strategy is None:
+        return False
     from tfdp_utils import _tf
 
-    return strategy is not None and _tf.in_multi_worker_mode(strategy)
+    return bool(_tf.in_multi_worker_mode(strategy))
 
 
 def position_of(strategy: Any) -> WorkerPosition:

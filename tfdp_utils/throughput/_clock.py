@@ -1,0 +1,54 @@
+"""The throughput logger's clock: host seconds that leave validation and epoch starts out. Pure."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+
+class PausableClock:
+    """Host seconds (``time.perf_counter``) that stand still while any pause is held.
+
+    Pauses are named (``"validation"``, ``"epoch_start"``), so that one ending never restarts
+    the clock while another is still held.
+
+    Args:
+        clock: the host clock. Defaults to `time.perf_counter`.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._clock = clock
+        self._excluded = 0.0
+        self._paused_at: float | None = None
+        self._reasons: set[str] = set()
+
+    def now(self) -> float:
+        """Seconds so far, the paused spans left out."""
+        now = self._paused_at if self._paused_at is not None else self._clock()
+        return now - self._excluded
+
+    def pause(self, reason: str = "validation") -> None:
+        """Hold the clock for ``reason`` (validation starts, an epoch ends)."""
+        if not self._reasons:
+            self._paused_at = self._clock()
+        self._reasons.add(reason)
+
+    def resume(self, reason: str = "validation") -> float:
+        """Release ``reason``; the clock runs again when no pause is held.
+
+        Returns:
+            Seconds since the clock stopped, when this release restarts it; else 0.
+        """
+        if reason not in self._reasons:
+            return 0.0
+        self._reasons.discard(reason)
+        if self._reasons or self._paused_at is None:
+            return 0.0
+        held = self._clock() - self._paused_at
+        self._excluded += held
+        self._paused_at = None
+        return held
+
+    def held(self, reason: str) -> bool:
+        """Whether a pause for ``reason`` is held."""
+        return reason in self._reasons
