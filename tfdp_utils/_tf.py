@@ -78,15 +78,21 @@ def input_context(strategy: Any) -> Any | None:
     return make() if make is not None else None
 
 
-def bump_collective_keys(strategy_class: Any, stride: int) -> None:
+def bump_collective_keys(strategy_class: Any, stride: int) -> bool:
     """Move ``strategy_class``'s collective key base by ``stride`` (``_collective_key_base``).
 
     Several MirroredStrategy objects over different devices in one process otherwise reuse
-    collective group keys and abort; TensorFlow's own tests move the base the same way.
+    collective group keys and abort; TensorFlow's own tests move the base the same way. Made
+    through :func:`tfdp_utils.compat._changes.bump_collective_keys`, which records it.
+
+    Returns:
+        Whether the base was moved (False when this TensorFlow has no such integer).
     """
     base = getattr(strategy_class, "_collective_key_base", None)
-    if isinstance(base, int):
-        strategy_class._collective_key_base = base + stride
+    if not isinstance(base, int):
+        return False
+    strategy_class._collective_key_base = base + stride
+    return True
 
 
 def dataset_graph_ops(dataset: Any) -> set[str]:

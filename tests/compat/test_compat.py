@@ -23,8 +23,9 @@ from tfdp_utils._tf import IS_KERAS3, keras, tf
 from tfdp_utils.compat import _keras_19246 as keras_19246
 from tfdp_utils.compat import _keras_20582 as keras_20582
 from tfdp_utils.compat import _keras_20585 as keras_20585
+from tfdp_utils.compat import _switch
 from tfdp_utils.compat import _tf_72388 as tf_72388
-from tfdp_utils.compat._registry import keras3_trainer_module
+from tfdp_utils.compat._registry import REGISTRY, Patch, change_of, keras3_trainer_module
 
 ISSUES = ("keras#20585", "tensorflow#72388", "keras#19246", "keras#20582")
 
@@ -41,13 +42,13 @@ def fresh() -> Iterator[None]:
     before = compat.applied()
     for issue in before:
         compat.undo(issue)
-    logged = set(compat._LOGGED)
-    compat._LOGGED.clear()
+    logged = set(_switch._LOGGED)
+    _switch._LOGGED.clear()
     yield
     for issue in compat.applied():
         compat.undo(issue)
-    compat._LOGGED.clear()
-    compat._LOGGED.update(logged)
+    _switch._LOGGED.clear()
+    _switch._LOGGED.update(logged)
     if before:
         compat.apply(before)
 
@@ -169,8 +170,14 @@ def test_needed_for(two_cpus: Any) -> None:
 # --------------------------------------------------------------------- apply / applied / off
 
 
+def _workaround_patches() -> list[Patch]:
+    """The patches the registry holds for the applied workarounds."""
+    entries = [REGISTRY.get(issue) for issue in compat.applied()]
+    return [patch for entry in entries if entry is not None for patch in entry.patches]
+
+
 def _patched_attributes() -> dict[str, Any]:
-    """Every attribute of Keras' Model classes (and the TF trainer module) carrying our mark."""
+    """Every attribute of Keras' Model classes (and the TF trainer module) a workaround replaced."""
     found: dict[str, Any] = {}
     owners: list[Any] = list(keras.Model.__mro__)
     trainer = keras3_trainer_module()
@@ -178,7 +185,7 @@ def _patched_attributes() -> dict[str, Any]:
         owners += [trainer, keras_20582.tf_optimizer_class(trainer)]
     for owner in owners:
         for name, value in vars(owner).items():
-            if getattr(value, "_tfdp_workaround", None):
+            if change_of(value) in ISSUES:
                 found[f"{getattr(owner, '__name__', owner)}.{name}"] = value
     return found
 
@@ -203,11 +210,18 @@ def test_apply_once_logged_once_from_many_threads(
         assert len(messages) == 1, messages
         assert "TFDP_NO_KERAS_PATCHES=1" in messages[0]
     # Each patch wraps Keras' own code, never a previous patch.
-    patches = [p for _, entries in compat._APPLIED.values() for p in entries]
-    assert all(not hasattr(p.original, "_tfdp_workaround") for p in patches)
+    patches = _workaround_patches()
+    assert all(change_of(p.original) is None for p in patches)
     assert len(_patched_attributes()) == len(patches)
-    status = {s.issue: s.applied for s in compat.status()}
-    assert status == {i: ("fix" if i in present else None) for i in ISSUES}
+    status = {s.issue: s for s in compat.status() if s.kind == "workaround"}
+    assert {i: s.applied for i, s in status.items()} == {
+        i: ("fix" if i in present else None) for i in ISSUES
+    }
+    for issue in present:  # what, why, when, by what, and how to take it out
+        assert status[issue].applied_by == "tdu.compat.apply()"
+        assert status[issue].applied_at is not None and status[issue].undoable
+        assert status[issue].changes and issue in status[issue].why
+        assert status[issue].patched
 
 
 @pytest.mark.keras
@@ -235,7 +249,7 @@ def test_only_keras3_tensorflow_trainer_is_patched(fresh: None) -> None:
         return
     trainer = keras3_trainer_module()
     assert trainer is not None
-    for patch in (p for _, entries in compat._APPLIED.values() for p in entries):
+    for patch in _workaround_patches():
         assert patch.owner in (
             trainer,
             trainer.TensorFlowTrainer,
@@ -324,6 +338,9 @@ def test_guard_fails_before_the_first_step(fresh: None, two_cpus: Any) -> None:
     assert trainer is not None
     mode, patches = keras_19246.install_guard(trainer)
     assert mode == "guard"
+    # Recorded as apply() records a workaround, so that undo() takes it out again.
+    REGISTRY.record(keras_19246.WORKAROUND.change, applied_by="test", patches=patches, mode=mode)
+    assert {s.issue: s.applied for s in compat.status()}["keras#19246"] == "guard"
     try:
         data = tf.data.Dataset.from_tensor_slices((np.ones((64, 3)), np.ones((64, 1)))).batch(8)
         with two_cpus.scope():
@@ -345,8 +362,8 @@ def test_guard_fails_before_the_first_step(fresh: None, two_cpus: Any) -> None:
         plain.fit(data, verbose=0)
         assert int(plain.optimizer.iterations.numpy()) == 8
     finally:
-        for patch in reversed(patches):
-            patch.undo()
+        compat.undo("keras#19246")
+    assert not any(patch.installed() for patch in patches)
 
 
 # ------------------------------------------------- keras#20582: gradient_accumulation_steps
@@ -408,7 +425,7 @@ def test_20582_workaround_trains_with_accumulation(fresh: None, two_cpus: Any) -
     assert int(model.optimizer.iterations.numpy()) == 2
     compat.undo("keras#20582")
     assert not any(
-        getattr(value, "_tfdp_workaround", None) == "keras#20582"
+        change_of(value) == "keras#20582"
         for value in vars(keras_20582.tf_optimizer_class(keras3_trainer_module())).values()
     )
 

@@ -462,7 +462,7 @@ def test_tf_keras_needs_the_dataset_steps_patch() -> None:
         model.fit(dist, epochs=2, verbose=0)
         return
     assert tf_keras_datasets.installed()  # the builder applied it
-    tf_keras_datasets.uninstall()
+    compat.undo("tf_keras-datasets")
     try:
         with pytest.raises(ValueError, match="must specify the number of steps"):
             model.fit(dist, epochs=2, verbose=0)

@@ -9,7 +9,6 @@ from tfdp_utils.doctor._known_issues import (
     KNOWN_ISSUES,
     Installed,
     assess,
-    from_workaround,
     parse_version,
 )
 
@@ -76,11 +75,9 @@ def test_compat_bugs_are_judged_by_the_probe(present: bool, disabled: bool, verd
     assert assess(ISSUES["keras#19246"], installed).verdict == verdict
 
 
-def test_a_workaround_added_to_compat_overrides_the_table() -> None:
+def test_a_bug_compat_has_a_probe_for_is_judged_by_the_probe() -> None:
     installed = Installed(keras="3.15.1", tensorflow="2.21.0", bug_present={"keras#20582": True})
     assert assess(ISSUES["keras#20582"], installed).verdict == "worked around"
-    entry = from_workaround("keras#99999", "something breaks", "https://example.invalid/1")
-    assert assess(entry, Installed(keras="3.15.1", tensorflow="2.21.0")).verdict == "worked around"
 
 
 def test_hardware_bugs_say_whether_this_machine_can_show_them() -> None:

@@ -27,7 +27,6 @@ from tfdp_utils.callbacks._fit_state import (
     UNBOUNDED,
     FitData,
     FitState,
-    PausableClock,
     Placement,
     local_devices,
     memory_devices,
@@ -38,6 +37,7 @@ from tfdp_utils.compat import _fit_binding as fit_binding
 from tfdp_utils.data import _info as dataset_info
 from tfdp_utils.data._info import DatasetInfo
 from tfdp_utils.throughput import _tags as tags
+from tfdp_utils.throughput._clock import PausableClock
 from tfdp_utils.throughput._counts import ExampleCounter
 from tfdp_utils.throughput._meter import ThroughputMeter, ThroughputWindow, spread, window_plan
 from tfdp_utils.throughput._tags import GLOBAL_RUN, replica_run, worker_run
@@ -180,7 +180,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         self._summary: dict[str, Any] = {}
         self._fit: FitState | None = None  # set from train begin to train end
         self._fit_data: FitData | None = None  # set by fit_binding for one fit
-        fit_binding.install()
+        fit_binding.install(applied_by="ThroughputLogger()")  # off under TFDP_NO_KERAS_PATCHES
 
     def _dataset_info(self, dataset: Any) -> DatasetInfo | None:
         if dataset is None:
@@ -450,18 +450,25 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
             info = None if data is None else data.info
             source = "the dataset built by build_distributed_dataset that fit trains on"
             if info is None:
-                received = (
-                    "ThroughputLogger runs outside Model.fit, so it cannot see the data"
-                    if data is None
-                    else f"fit trains on {data.kind}, which is not a dataset from "
-                    "tfdp_utils.build_distributed_dataset"
-                )
+                hooked = fit_binding.installed()
+                if data is not None:
+                    received = (
+                        f"fit trains on {data.kind}, which is not a dataset from "
+                        "tfdp_utils.build_distributed_dataset"
+                    )
+                elif hooked:
+                    received = "ThroughputLogger runs outside Model.fit, so it cannot see the data"
+                else:
+                    received = (
+                        "Keras' Model.fit is not wrapped (TFDP_NO_KERAS_PATCHES=1 turns that "
+                        "off), so ThroughputLogger cannot see the data fit trains on"
+                    )
                 raise ValueError(
                     f"ThroughputLogger cannot count examples: {received}, and no "
                     "global_batch_size= or dataset= was given. Pass ThroughputLogger(..., "
-                    "global_batch_size=<examples per step over all replicas>), or "
-                    "dataset=<the builder dataset>, or train on a dataset from "
-                    "build_distributed_dataset."
+                    "dataset=<the builder dataset>) for exact counts, or "
+                    "global_batch_size=<examples per step over all replicas>"
+                    + (", or train on a dataset from build_distributed_dataset." if hooked else ".")
                 )
         if info is None:
             return None, "global_batch_size, split evenly over the replicas"

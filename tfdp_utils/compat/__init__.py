@@ -1,4 +1,21 @@
-"""Workarounds for upstream Keras 3 bugs that break data-parallel training, and nothing else.
+"""Every runtime change tfdp-utils makes to Keras or TensorFlow: one registry, one kill switch.
+
+:func:`status` lists each change with what it changes, why, when it was applied and by what,
+and whether :func:`undo` can take it back out. There are three kinds:
+
+- ``"workaround"``: the upstream Keras 3 bugs below, each fixed (or guarded) only where the
+  installed Keras has it;
+- ``"process"``: other changes seen by every object of the process: Keras'
+  ``Model.fit``/``evaluate``/``predict`` wrapped (``"fit-binding"``, by the first builder dataset
+  or ``ThroughputLogger``), tf_keras's dataset adapter taught builder datasets
+  (``"tf_keras-datasets"``), MirroredStrategy's collective key base moved on
+  (``"mirrored-collective-keys"``, by :func:`tfdp_utils.auto_strategy`);
+- ``"object"``: changes to single objects tfdp-utils makes or is handed, counted: builder
+  datasets' class (``"builder-dataset-class"``), a model's ``train_step`` under
+  :func:`tfdp_utils.enable_gradient_accumulation` (``"accumulation-train-step"``), the choice kept
+  on a strategy from :func:`tfdp_utils.auto_strategy` (``"strategy-choice"``).
+
+The upstream workarounds:
 
 Each workaround lives in its own module named after its upstream issue, with the Keras
 versions it was verified on and a probe that tells whether the installed Keras still has the
@@ -24,7 +41,9 @@ On tf_keras, :func:`apply_for_datasets` (:mod:`.tf_keras_datasets`) lets ``fit``
 ``evaluate`` take a dataset from :func:`tfdp_utils.build_distributed_dataset` without
 ``steps_per_epoch``, as Keras 3 does; the builder applies it.
 
-Set ``TFDP_NO_KERAS_PATCHES=1`` to turn them all off.
+Set ``TFDP_NO_KERAS_PATCHES=1`` to turn off every workaround and every process-wide Keras
+change (the fit binding and the tf_keras adapter; one warning names the features that are then
+off). The collective key base and the per-object changes stay: none of them changes Keras' code.
 
 Examples:
     >>> import tfdp_utils as tdu
@@ -38,31 +57,28 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 from collections.abc import Iterable
 from typing import Any
 
-from tfdp_utils import _variables
-from tfdp_utils._validate import env_flag
+from tfdp_utils.compat import _changes as changes
+from tfdp_utils.compat import _fit_binding as fit_binding
 from tfdp_utils.compat import _keras_19246 as keras_19246
 from tfdp_utils.compat import _keras_20582 as keras_20582
 from tfdp_utils.compat import _keras_20585 as keras_20585
 from tfdp_utils.compat import _tf_72388 as tf_72388
 from tfdp_utils.compat import _tf_keras_datasets as tf_keras_datasets
 from tfdp_utils.compat._registry import (
-    Patch,
+    REGISTRY,
+    AppliedChange,
+    RuntimeChange,
     Workaround,
     is_mirrored_family,
     keras3_trainer_module,
     keras_version,
 )
+from tfdp_utils.compat._switch import DISABLE_VARIABLE, disabled, logger
+from tfdp_utils.compat._switch import log_once as _log_once
 from tfdp_utils.errors import KerasCompatError
-
-# A child of the package's "tfdp_utils" logger: configuring that one configures this too.
-logger = logging.getLogger("tfdp_utils.compat")
-
-DISABLE_VARIABLE = _variables.NO_KERAS_PATCHES
-"""Environment variable: ``1`` turns every Keras workaround off."""
 
 WORKAROUNDS: tuple[Workaround, ...] = (
     keras_20585.WORKAROUND,
@@ -72,25 +88,48 @@ WORKAROUNDS: tuple[Workaround, ...] = (
 )
 _BY_ISSUE = {w.issue: w for w in WORKAROUNDS}
 
-_LOCK = threading.RLock()
-_APPLIED: dict[str, tuple[str, list[Patch]]] = {}
+CHANGES: tuple[RuntimeChange, ...] = (
+    *(w.change for w in WORKAROUNDS),
+    fit_binding.CHANGE,
+    tf_keras_datasets.CHANGE,
+    *changes.CHANGES,
+)
+"""Every runtime change tfdp-utils can make, in the order :func:`status` lists them."""
+_BY_NAME = {c.name: c for c in CHANGES}
+
+_LOCK = REGISTRY.lock
 _PROBED: dict[str, bool] = {}
-_LOGGED: set[str] = set()
 
 
 @dataclasses.dataclass(frozen=True)
 class WorkaroundStatus:
-    """What tfdp-utils knows about one upstream bug in this process.
+    """What tfdp-utils knows about one runtime change in this process (see :func:`status`).
+
+    Named for the upstream workarounds it first described; the fields after ``applied`` cover
+    every kind of change.
 
     Attributes:
-        issue: the upstream issue, e.g. ``"keras#19246"``.
-        summary: what fails without the workaround.
-        url: the upstream issue's address.
-        verified_on: Keras versions the workaround was verified on.
+        issue: the upstream issue for a workaround, e.g. ``"keras#19246"``; else the change's
+            name, e.g. ``"fit-binding"`` (what :func:`undo` takes).
+        summary: what fails without the workaround; for another change, what it changes.
+        url: the upstream issue's address ("" for changes that are not workarounds).
+        verified_on: Keras versions the workaround was verified on (empty for others).
         bug_present: whether the probe finds the bug in the Keras that ``tf.keras`` resolves
-            to (always False on tf_keras and on non-TensorFlow Keras backends).
+            to (always False on tf_keras, on non-TensorFlow Keras backends, and for changes
+            that are not workarounds).
         applied: ``"fix"`` (patched), ``"guard"`` (a clear error before the first step where
-            no safe fix exists), or None (not applied).
+            no safe fix exists), ``"change"`` (another change, made at least once), or None
+            (not applied).
+        kind: ``"workaround"``, ``"process"`` (a class or module, seen by every object) or
+            ``"object"`` (single objects, counted in ``count``).
+        changes: what is changed, e.g. ``"keras.Model.fit/evaluate/predict wrapped"``.
+        why: what it is for and what fails without it.
+        applied_at: when it was first applied (``time.time()``), or None.
+        applied_by: what first applied it, e.g. ``"build_distributed_dataset()"``, or None.
+        undoable: whether :func:`undo` can take it back out.
+        kill_switch: whether ``TFDP_NO_KERAS_PATCHES=1`` turns it off.
+        count: how many times it was applied: for ``"object"`` changes, the objects changed.
+        patched: the attributes replaced now, e.g. ``("Model.fit", ...)``.
     """
 
     issue: str
@@ -99,17 +138,15 @@ class WorkaroundStatus:
     verified_on: tuple[str, ...]
     bug_present: bool
     applied: str | None
-
-
-def disabled() -> bool:
-    """Whether ``TFDP_NO_KERAS_PATCHES`` turns the workarounds off in this process."""
-    return env_flag(DISABLE_VARIABLE)
-
-
-def _log_once(key: str, level: int, message: str, *args: Any) -> None:
-    if key not in _LOGGED:
-        _LOGGED.add(key)
-        logger.log(level, message, *args)
+    kind: str = "workaround"
+    changes: str = ""
+    why: str = ""
+    applied_at: float | None = None
+    applied_by: str | None = None
+    undoable: bool = True
+    kill_switch: bool = True
+    count: int = 0
+    patched: tuple[str, ...] = ()
 
 
 def _bug_present(workaround: Workaround) -> bool:
@@ -150,7 +187,7 @@ def _select(issues: Iterable[str] | None) -> list[Workaround]:
 def _apply(selected: list[Workaround], reason: str) -> tuple[str, ...]:
     with _LOCK:
         if disabled():
-            needed = [w.issue for w in selected if w.issue not in _APPLIED and _bug_present(w)]
+            needed = [w.issue for w in selected if w.issue not in applied() and _bug_present(w)]
             if needed:
                 _log_once(
                     "disabled",
@@ -166,10 +203,10 @@ def _apply(selected: list[Workaround], reason: str) -> tuple[str, ...]:
         if trainer is None:
             return applied()
         for workaround in selected:
-            if workaround.issue in _APPLIED or not _bug_present(workaround):
+            if REGISTRY.get(workaround.issue) is not None or not _bug_present(workaround):
                 continue
             mode, patches = workaround.install(trainer)
-            _APPLIED[workaround.issue] = (mode, patches)
+            REGISTRY.record(workaround.change, applied_by=reason, patches=patches, mode=mode)
             if mode == "fix":
                 _log_once(
                     workaround.issue,
@@ -271,7 +308,10 @@ def apply_for_strategy(strategy: Any) -> tuple[str, ...]:
     needs = needed_for(strategy)
     if not needs:
         return applied()
-    reason = f"{type(strategy).__name__} over {strategy.num_replicas_in_sync} replicas"
+    reason = (
+        f"apply_for_strategy() for {type(strategy).__name__} over "
+        f"{strategy.num_replicas_in_sync} replicas"
+    )
     return _apply(_select(needs), reason)
 
 
@@ -288,23 +328,7 @@ def apply_for_datasets() -> bool:
         True when the tf_keras adapter is patched in this process; False on Keras 3, when
         ``TFDP_NO_KERAS_PATCHES=1``, or when this tf_keras has no adapter to patch.
     """
-    from tfdp_utils._tf import IS_KERAS3
-
-    with _LOCK:
-        if IS_KERAS3:
-            return False
-        if tf_keras_datasets.installed():
-            return True
-        if disabled():
-            _log_once(
-                "disabled-datasets",
-                logging.WARNING,
-                "tfdp_utils: %s=1: on tf_keras, pass "
-                "steps_per_epoch=dataset.tfdp_info.steps_per_epoch to fit",
-                DISABLE_VARIABLE,
-            )
-            return False
-        return tf_keras_datasets.install()
+    return changes.teach_tf_keras(applied_by="tdu.compat.apply_for_datasets()")
 
 
 def applied() -> tuple[str, ...]:
@@ -312,51 +336,91 @@ def applied() -> tuple[str, ...]:
 
     Returns:
         Issue names such as ``("keras#20585", "tensorflow#72388", "keras#19246")``; empty on
-        tf_keras, when nothing was needed, or when ``TFDP_NO_KERAS_PATCHES=1``.
+        tf_keras, when nothing was needed, or when ``TFDP_NO_KERAS_PATCHES=1``. The other
+        changes are in :func:`status`.
     """
-    with _LOCK:
-        return tuple(_APPLIED)
+    return REGISTRY.applied("workaround")
+
+
+def _status(change: RuntimeChange) -> WorkaroundStatus:
+    workaround = _BY_ISSUE.get(change.name)
+    entry: AppliedChange | None = REGISTRY.get(change.name)
+    patches = entry.patches if entry is not None else []
+    return WorkaroundStatus(
+        issue=change.name,
+        summary=workaround.summary if workaround is not None else change.changes,
+        url=workaround.url if workaround is not None else "",
+        verified_on=workaround.verified_on if workaround is not None else (),
+        bug_present=_bug_present(workaround) if workaround is not None else False,
+        applied=entry.mode if entry is not None else None,
+        kind=change.kind,
+        changes=change.changes,
+        why=change.why,
+        applied_at=entry.applied_at if entry is not None else None,
+        applied_by=entry.applied_by if entry is not None else None,
+        undoable=change.undoable,
+        kill_switch=change.kill_switch,
+        count=entry.count if entry is not None else 0,
+        patched=tuple(p.describe() for p in patches if p.installed()),
+    )
 
 
 def status() -> tuple[WorkaroundStatus, ...]:
-    """Every known upstream bug: whether this Keras has it and what tfdp-utils did about it.
+    """Every runtime change tfdp-utils can make: what, why, whether and when it was made.
 
-    Runs the probes (cheap, no cluster, nothing patched).
+    The upstream workarounds first (with whether this Keras has each bug: the probes are
+    cheap, need no cluster and patch nothing), then the process-wide changes, then the
+    per-object ones. Each entry says what it changes, why, when and by what it was first
+    applied, whether :func:`undo` can take it out, and whether ``TFDP_NO_KERAS_PATCHES=1``
+    turns it off.
 
     Returns:
-        One :class:`WorkaroundStatus` per workaround.
+        One :class:`WorkaroundStatus` per change, applied or not, in the order of
+        :data:`CHANGES`.
+
+    Examples:
+        >>> import tfdp_utils as tdu
+        >>> [s.issue for s in tdu.compat.status() if s.applied]  # doctest: +SKIP
+        ['keras#19246', 'keras#20582', 'fit-binding', 'mirrored-collective-keys', ...]
     """
     with _LOCK:
-        return tuple(
-            WorkaroundStatus(
-                issue=w.issue,
-                summary=w.summary,
-                url=w.url,
-                verified_on=w.verified_on,
-                bug_present=_bug_present(w),
-                applied=_APPLIED[w.issue][0] if w.issue in _APPLIED else None,
-            )
-            for w in WORKAROUNDS
-        )
+        return tuple(_status(change) for change in CHANGES)
 
 
 def undo(issue: str) -> None:
-    """Take one applied workaround back out: Keras' own code is restored.
+    """Take one applied change back out: Keras' (or tf_keras's) own code is restored.
 
-    For code that needs Keras' own behaviour in-process after :func:`apply` (a reproduction
-    of the upstream bug, a comparison); nothing happens when ``issue`` is not applied.
+    For code that needs Keras' own behaviour in-process after a change (a reproduction of an
+    upstream bug, a comparison, a test): any workaround, ``"fit-binding"`` (Keras' own
+    ``Model.fit``/``evaluate``/``predict``) or ``"tf_keras-datasets"``. Nothing happens when
+    the change is not applied. A later call that needs the change (a builder dataset, a
+    ``ThroughputLogger``, :func:`apply`) makes it again.
 
     Args:
-        issue: the upstream issue, e.g. ``"keras#19246"``.
+        issue: the change's name, as :attr:`WorkaroundStatus.issue` gives it, e.g.
+            ``"keras#19246"`` or ``"fit-binding"``.
+
+    Raises:
+        ValueError: a name tfdp-utils has no change for, or one that cannot be undone
+            (:attr:`WorkaroundStatus.why` says why).
+
+    Examples:
+        >>> import tfdp_utils as tdu
+        >>> tdu.compat.undo("fit-binding")  # doctest: +SKIP
     """
-    with _LOCK:
-        entry = _APPLIED.pop(issue, None)
-        if entry is not None:
-            for patch in reversed(entry[1]):
-                patch.undo()
+    change = _BY_NAME.get(issue)
+    if change is None:
+        raise ValueError(
+            f"tfdp-utils makes no runtime change called {issue!r}; the changes are "
+            f"{[c.name for c in CHANGES]}."
+        )
+    if not change.undoable:
+        raise ValueError(f"{issue} ({change.changes}) cannot be undone: {change.why}.")
+    REGISTRY.undo(issue)
 
 
 __all__ = [
+    "CHANGES",
     "DISABLE_VARIABLE",
     "WORKAROUNDS",
     "KerasCompatError",

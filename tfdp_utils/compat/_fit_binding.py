@@ -16,6 +16,10 @@ knows it. So does a builder dataset given to a model of another strategy (one re
 step for a different number of replicas: Keras would fail deep inside its step, "Only input
 tensors may be passed as positional arguments ... PerReplica"), and ``validation_split`` with a
 builder dataset (Keras splits only arrays): each error names the fix.
+
+The wrapping is recorded as ``"fit-binding"`` in the compat registry: :func:`tfdp_utils.compat.undo`
+puts Keras' own methods back. ``TFDP_NO_KERAS_PATCHES=1`` keeps it off; then the checks above and
+the counts that need the call's data are off too, which one warning says (once per process).
 """
 
 from __future__ import annotations
@@ -23,15 +27,14 @@ from __future__ import annotations
 import functools
 import inspect
 import math
-import threading
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol, runtime_checkable
 
+from tfdp_utils.compat._registry import REGISTRY, RuntimeChange, change_of, replace_method
+from tfdp_utils.compat._switch import disabled, warn_features_off
 from tfdp_utils.data._info import DatasetInfo, info_of
 from tfdp_utils.errors import EndlessEpochError, StrategyMismatchError
 
-_LOCK = threading.Lock()
-_MARK = "_tfdp_fit_binding"
 _METHODS = ("fit", "evaluate", "predict")
 # For each method: (argument holding the data, argument holding its step count).
 _DATA_AND_STEPS = {
@@ -39,6 +42,19 @@ _DATA_AND_STEPS = {
     "evaluate": (("x", "steps"),),
     "predict": (("x", "steps"),),
 }
+
+
+CHANGE = RuntimeChange(
+    name="fit-binding",
+    kind="process",
+    changes="keras.Model.fit/evaluate/predict wrapped (every model in the process)",
+    why="Keras gives callbacks the model, never the data: the wrappers hand each fit call's x "
+    "to its callbacks (ThroughputLogger's exact counts), and stop a builder dataset that never "
+    "ends without steps_per_epoch (EndlessEpochError), one built for another number of "
+    "replicas (StrategyMismatchError) and validation_split with a builder dataset, before the "
+    "first step. Other inputs go straight to Keras. TFDP_NO_KERAS_PATCHES=1 keeps it off",
+    undoable=True,
+)
 
 
 @runtime_checkable
@@ -189,28 +205,44 @@ def _wrap(method: str, original: Callable[..., Any]) -> Callable[..., Any]:
             for consumer in consumers:
                 consumer.bind_fit_data(None)
 
-    setattr(wrapper, _MARK, True)
     return wrapper
 
 
-def install(model_class: Any = None) -> None:
-    """Wrap ``fit``/``evaluate``/``predict`` of ``model_class`` (default: the active Keras'
-    ``Model``) once; idempotent. Subclasses that do not override them inherit the wrappers."""
-    if model_class is None:
-        from tfdp_utils._tf import keras
+def _model_class() -> Any:
+    from tfdp_utils._tf import keras
 
-        model_class = keras.Model
-    with _LOCK:
-        for method in _METHODS:
-            current = getattr(model_class, method)
-            if not getattr(current, _MARK, False):
-                setattr(model_class, method, _wrap(method, current))
+    return keras.Model
 
 
-def installed(model_class: Any = None) -> bool:
-    """Whether :func:`install` has wrapped ``model_class`` (default: the active Keras')."""
-    if model_class is None:
-        from tfdp_utils._tf import keras
+def install(*, applied_by: str) -> bool:
+    """Wrap the active Keras' ``Model.fit``/``evaluate``/``predict`` once; idempotent.
 
-        model_class = keras.Model
-    return all(getattr(getattr(model_class, m), _MARK, False) for m in _METHODS)
+    Subclasses that do not override them inherit the wrappers. With ``TFDP_NO_KERAS_PATCHES=1``
+    nothing is wrapped, and one warning (per process) names the features that are then off.
+
+    Args:
+        applied_by: what asks for it, e.g. ``"build_distributed_dataset()"``.
+
+    Returns:
+        Whether the methods are wrapped.
+    """
+    model_class = _model_class()
+    with REGISTRY.lock:
+        if installed():
+            return True
+        if disabled():
+            warn_features_off(applied_by)
+            return False
+        patches = [
+            replace_method(model_class, method, _wrap(method, current), change=CHANGE.name)
+            for method in _METHODS
+            if change_of(current := getattr(model_class, method)) != CHANGE.name
+        ]
+        REGISTRY.record(CHANGE, applied_by=applied_by, patches=patches)
+        return True
+
+
+def installed() -> bool:
+    """Whether the active Keras' ``Model.fit``/``evaluate``/``predict`` are wrapped."""
+    model_class = _model_class()
+    return all(change_of(getattr(model_class, m)) == CHANGE.name for m in _METHODS)

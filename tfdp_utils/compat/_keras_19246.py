@@ -43,7 +43,8 @@ from tfdp_utils.compat._registry import (
     Workaround,
     is_mirrored_family,
     keras_version,
-    set_attribute,
+    replace_method,
+    source_shows,
 )
 from tfdp_utils.errors import KerasCompatError
 
@@ -109,15 +110,8 @@ def probe(trainer: ModuleType) -> bool:
     available the bug is assumed present; the replacement gives the same results either way.
     """
     method = getattr(getattr(trainer, "TensorFlowTrainer", None), "_make_function", None)
-    if method is None:
-        # The loop is traced elsewhere in this Keras: nothing known to work around, and a
-        # fixed Keras must run unhindered.
-        return False
-    try:
-        source = inspect.getsource(method)
-    except (OSError, TypeError):
-        return True
-    return step_inside_cond(source)
+    # None: the loop is traced elsewhere in this Keras, nothing known to work around.
+    return source_shows(method, step_inside_cond)
 
 
 # ------------------------------------------------------------------------------ the fix
@@ -222,8 +216,6 @@ def _guard_factory(original: Any) -> Any:
             raise refusal(self)
         return original(self, force=force)
 
-    make_function.__doc__ = original.__doc__
-    make_function._tfdp_workaround = ISSUE  # type: ignore[attr-defined]
     return make_function
 
 
@@ -231,7 +223,7 @@ def install_guard(trainer: ModuleType) -> tuple[str, list[Patch]]:
     """Make affected ``fit``/``evaluate`` calls fail before the first step with a clear error."""
     cls = trainer.TensorFlowTrainer
     patches = [
-        set_attribute(cls, name, _guard_factory(getattr(cls, name)))
+        replace_method(cls, name, _guard_factory(getattr(cls, name)), change=ISSUE)
         for name in ("make_train_function", "make_test_function")
     ]
     return "guard", patches
@@ -266,7 +258,6 @@ def _compile_factory(original: Any) -> Any:
                 check_steps_per_execution(bound.arguments["steps_per_execution"])
         return original(self, *args, **kwargs)
 
-    compile._tfdp_workaround = ISSUE  # type: ignore[attr-defined]
     return compile
 
 
@@ -280,22 +271,20 @@ def install(trainer: ModuleType) -> tuple[str, list[Patch]]:
     # On the class that defines compile (Keras' Trainer): load_model compiles a restored
     # model only when ``type(model).compile`` is ``Trainer.compile``.
     owner = next(c for c in cls.__mro__ if "compile" in vars(c))
-    check = set_attribute(owner, "compile", _compile_factory(owner.compile))
+    check = replace_method(owner, "compile", _compile_factory(owner.compile), change=ISSUE)
     if not _fixable(trainer):
         mode, patches = install_guard(trainer)
         return mode, [check, *patches]
     replacement = _make_function_factory(trainer, cls._make_function)
-    replacement.__doc__ = cls._make_function.__doc__
-    replacement._tfdp_workaround = ISSUE
-    return "fix", [check, set_attribute(cls, "_make_function", replacement)]
+    return "fix", [check, replace_method(cls, "_make_function", replacement, change=ISSUE)]
 
 
 WORKAROUND = Workaround(
     issue=ISSUE,
-    summary="steps_per_execution > 1 on >= 2 Mirrored/MultiWorkerMirrored replicas fails "
-    "(You must feed a value for placeholder tensor)",
-    url="https://github.com/keras-team/keras/issues/19246",
     verified_on=("3.15.1",),
+    changes="keras Trainer.compile wrapped (checks steps_per_execution) and "
+    "TensorFlowTrainer._make_function replaced (the steps_per_execution loop); where that is "
+    "unsafe, make_train_function/make_test_function guarded instead",
     probe=probe,
     install=install,
 )

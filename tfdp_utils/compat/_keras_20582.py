@@ -24,14 +24,19 @@ Verified on Keras 3.15.1 (TensorFlow 2.21); fix PR keras#23592 is not merged.
 from __future__ import annotations
 
 import ast
-import inspect
 import sys
 import textwrap
 from types import ModuleType
 from typing import Any
 
 from tfdp_utils._tf import tf
-from tfdp_utils.compat._registry import Patch, Workaround, is_mirrored_family, set_attribute
+from tfdp_utils.compat._registry import (
+    Patch,
+    Workaround,
+    is_mirrored_family,
+    replace_method,
+    source_shows,
+)
 
 ISSUE = "keras#20582"
 
@@ -97,13 +102,7 @@ def probe(trainer: ModuleType) -> bool:
     """
     cls = tf_optimizer_class(trainer)
     method = getattr(cls, "_backend_apply_gradients", None)
-    if method is None:
-        return False  # the code path is gone; nothing to work around
-    try:
-        source = inspect.getsource(method)
-    except (OSError, TypeError):
-        return True
-    return sync_inside_replica_cond(source)
+    return source_shows(method, sync_inside_replica_cond)
 
 
 # ------------------------------------------------------------------------------ the fix
@@ -162,17 +161,15 @@ def install(trainer: ModuleType) -> tuple[str, list[Patch]]:
         _accumulate_or_update(self, list(grads), list(trainable_variables))
         return None
 
-    _backend_apply_gradients.__doc__ = original.__doc__
-    _backend_apply_gradients._tfdp_workaround = ISSUE  # type: ignore[attr-defined]
-    return "fix", [set_attribute(cls, "_backend_apply_gradients", _backend_apply_gradients)]
+    patch = replace_method(cls, "_backend_apply_gradients", _backend_apply_gradients, change=ISSUE)
+    return "fix", [patch]
 
 
 WORKAROUND = Workaround(
     issue=ISSUE,
-    summary="optimizer(gradient_accumulation_steps=k) under Mirrored/MultiWorkerMirrored "
-    "strategies fails (merge_call called while defining a new graph or a tf.function)",
-    url="https://github.com/keras-team/keras/issues/20582",
     verified_on=("3.15.1",),
+    changes="keras TFOptimizer._backend_apply_gradients replaced (the accumulate-or-update "
+    "decision moves to the cross-replica context under Mirrored strategies)",
     probe=probe,
     install=install,
 )

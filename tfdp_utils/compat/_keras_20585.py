@@ -19,12 +19,7 @@ from typing import Any
 
 from tfdp_utils._tf import tf
 from tfdp_utils.cluster._topology import is_multi_worker
-from tfdp_utils.compat._registry import (
-    Patch,
-    Workaround,
-    first_local_value,
-    set_attribute,
-)
+from tfdp_utils.compat._registry import Patch, Workaround, first_local_value, replace_method
 
 ISSUE = "keras#20585"
 
@@ -99,17 +94,16 @@ def install(trainer: ModuleType) -> tuple[str, list[Patch]]:
         with strategy.scope():
             self._symbolic_build(data_batch=data_batch)
 
-    _maybe_symbolic_build.__doc__ = original.__doc__
-    _maybe_symbolic_build._tfdp_workaround = ISSUE  # type: ignore[attr-defined]
-    return "fix", [set_attribute(cls, "_maybe_symbolic_build", _maybe_symbolic_build)]
+    return "fix", [
+        replace_method(cls, "_maybe_symbolic_build", _maybe_symbolic_build, change=ISSUE)
+    ]
 
 
 WORKAROUND = Workaround(
     issue=ISSUE,
-    summary="fit/evaluate under MultiWorkerMirroredStrategy fail in _maybe_symbolic_build "
-    "(PerReplica cannot be converted to a Tensor)",
-    url="https://github.com/keras-team/keras/issues/20585",
     verified_on=("3.15.1",),
+    changes="keras TensorFlowTrainer._maybe_symbolic_build replaced (multi-worker strategies "
+    "build the model from the first local replica's batch)",
     probe=probe,
     install=install,
 )

@@ -18,7 +18,7 @@ from typing import Any
 
 from tfdp_utils._tf import tf
 from tfdp_utils.cluster._topology import is_multi_worker
-from tfdp_utils.compat._registry import Patch, Workaround, set_attribute
+from tfdp_utils.compat._registry import Patch, Workaround, replace_method
 
 ISSUE = "tensorflow#72388"
 
@@ -82,17 +82,14 @@ def install(trainer: ModuleType) -> tuple[str, list[Patch]]:
             lambda v: v if v is None else strategy.reduce(op, v, axis=None), values
         )
 
-    reduce_per_replica.__doc__ = original.__doc__
-    reduce_per_replica._tfdp_workaround = ISSUE  # type: ignore[attr-defined]
-    return "fix", [set_attribute(trainer, "reduce_per_replica", reduce_per_replica)]
+    return "fix", [replace_method(trainer, "reduce_per_replica", reduce_per_replica, change=ISSUE)]
 
 
 WORKAROUND = Workaround(
     issue=ISSUE,
-    summary="fit/evaluate under MultiWorkerMirroredStrategy fail in reduce_per_replica "
-    "(Invalid reduction dimension 0 for input with 0 dimensions)",
-    url="https://github.com/tensorflow/tensorflow/issues/72388",
     verified_on=("3.15.1",),
+    changes="keras.src.backend.tensorflow.trainer.reduce_per_replica replaced (multi-worker "
+    "strategies reduce step outputs across replicas with axis=None)",
     probe=probe,
     install=install,
 )

@@ -15,26 +15,35 @@ Every other input keeps tf_keras's behaviour, and so does a call that passes ``s
 different from the dataset's own (then tf_keras's one-iterator rule applies, as documented).
 Over several workers (MultiWorkerMirroredStrategy) every worker takes the same steps from
 the dataset, which the builder makes equal. Verified on tf_keras 2.21.
+
+Recorded as ``"tf_keras-datasets"`` in the compat registry: :func:`tfdp_utils.compat.undo`
+takes it back out, and ``TFDP_NO_KERAS_PATCHES=1`` keeps it off.
 """
 
 from __future__ import annotations
 
-import logging
-import threading
 from typing import Any
 
 from tfdp_utils._tf import IS_KERAS3, KERAS_VERSION
-from tfdp_utils.compat._registry import Patch, set_attribute
+from tfdp_utils.compat._registry import REGISTRY, RuntimeChange, replace_method
+from tfdp_utils.compat._switch import logger
 from tfdp_utils.data._info import info_of
 
 SUMMARY = (
     "tf_keras needs steps_per_epoch for a distributed dataset and keeps one iterator for all epochs"
 )
 
-logger = logging.getLogger("tfdp_utils.compat")
-
-_LOCK = threading.Lock()
-_PATCHES: list[Patch] = []
+CHANGE = RuntimeChange(
+    name="tf_keras-datasets",
+    kind="process",
+    changes="tf_keras DatasetAdapter._validate_args/get_size/should_recreate_iterator wrapped "
+    "(tf_keras only)",
+    why=f"{SUMMARY}; for a builder dataset that ends each epoch, fit/evaluate take the "
+    "epoch's steps from dataset.tfdp_info and start a fresh pass each epoch, as Keras 3 does. "
+    "Every other input keeps tf_keras's behaviour. TFDP_NO_KERAS_PATCHES=1 keeps it off "
+    "(then pass steps_per_epoch=)",
+    undoable=True,
+)
 
 
 def exact_steps(dataset: Any) -> int | None:
@@ -47,18 +56,21 @@ def exact_steps(dataset: Any) -> int | None:
 
 def installed() -> bool:
     """Whether the tf_keras adapter is patched in this process."""
-    with _LOCK:
-        return bool(_PATCHES)
+    return REGISTRY.get(CHANGE.name) is not None
 
 
-def install() -> bool:
+def install(*, applied_by: str) -> bool:
     """Patch tf_keras's ``DatasetAdapter`` once per process; False where it does not apply.
 
     Does nothing on Keras 3, or when this tf_keras lacks the adapter methods the patch wraps
-    (logged once; fit then needs ``steps_per_epoch`` as tf_keras documents).
+    (logged once; fit then needs ``steps_per_epoch`` as tf_keras documents). The kill switch
+    is the caller's to check (:func:`tfdp_utils.compat.apply_for_datasets`).
+
+    Args:
+        applied_by: what asks for it, e.g. ``"build_distributed_dataset()"``.
     """
-    with _LOCK:
-        if _PATCHES:
+    with REGISTRY.lock:
+        if installed():
             return True
         if IS_KERAS3:
             return False
@@ -98,25 +110,21 @@ def install() -> bool:
                 return True
             return recreate(self)
 
-        _PATCHES.extend(
-            [
-                set_attribute(adapter, "_validate_args", _validate_args),
-                set_attribute(adapter, "get_size", _get_size),
-                set_attribute(adapter, "should_recreate_iterator", _should_recreate_iterator),
-            ]
-        )
+        replacements = {
+            "_validate_args": _validate_args,
+            "get_size": _get_size,
+            "should_recreate_iterator": _should_recreate_iterator,
+        }
+        patches = [
+            replace_method(adapter, name, replacement, change=CHANGE.name)
+            for name, replacement in replacements.items()
+        ]
+        REGISTRY.record(CHANGE, applied_by=applied_by, patches=patches)
         logger.info(
             "tfdp_utils: tf_keras %s: %s; fit/evaluate now take the steps of datasets from "
-            "build_distributed_dataset themselves",
+            "build_distributed_dataset themselves (asked for by %s)",
             KERAS_VERSION,
             SUMMARY,
+            applied_by,
         )
         return True
-
-
-def uninstall() -> None:
-    """Put tf_keras's own adapter methods back (for tests of tf_keras's behaviour)."""
-    with _LOCK:
-        for patch in reversed(_PATCHES):
-            patch.undo()
-        _PATCHES.clear()

@@ -5,7 +5,8 @@ class has a ``cardinality`` property, swaps its class for a same-named subclass 
 ``cardinality`` is the builder's step count, which Keras 3 takes as the epoch's steps. It also
 makes sure Keras' ``fit``/``evaluate``/``predict`` check the dataset's step count and hand it to
 the call's callbacks (:mod:`tfdp_utils.compat._fit_binding`): nothing about the dataset is kept in
-process-wide state.
+process-wide state. Both changes go through the compat registry (``"builder-dataset-class"``,
+``"fit-binding"``), which :func:`tfdp_utils.compat.status` lists.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from tfdp_utils.compat import _fit_binding as fit_binding
+from tfdp_utils.compat import _changes as compat_changes
 from tfdp_utils.data._info import DatasetInfo
 from tfdp_utils.data._sharding import ShardingPlan
 
 logger = logging.getLogger("tfdp_utils")
 
+_BUILDER = "build_distributed_dataset()"
 _STEP_CLASSES: dict[type, type] = {}
 _UNKNOWN_CARDINALITY = -2  # tf.data.UNKNOWN_CARDINALITY
 _INFINITE_CARDINALITY = -1  # tf.data.INFINITE_CARDINALITY
@@ -70,17 +72,15 @@ def _steps_class(base: type) -> type:
 
 def attach(dist: Any, info: DatasetInfo, plan: ShardingPlan) -> Any:
     """``dist`` with ``tfdp_info`` and ``tfdp_plan`` set and its epoch's step count."""
-    from tfdp_utils import compat
-
     dist.tfdp_info = info
     dist.tfdp_plan = plan
-    # tf_keras: fit/evaluate then take the epoch's steps from tfdp_info, as Keras 3 does.
-    compat.apply_for_datasets()
-    fit_binding.install()
+    # fit/evaluate/predict check the dataset and hand it to callbacks; on tf_keras they also
+    # take the epoch's steps from tfdp_info, as Keras 3 does.
+    compat_changes.prepare_for_datasets(applied_by=_BUILDER)
     steps_class = _steps_class(type(dist))
     if steps_class is not type(dist):
         try:
-            dist.__class__ = steps_class
+            compat_changes.swap_dataset_class(dist, steps_class, applied_by=_BUILDER)
         except TypeError:  # pragma: no cover - a class that forbids __class__ assignment
             logger.warning(
                 "tfdp_utils: cannot set the step count of %s; Keras takes the epoch's steps "

@@ -110,22 +110,18 @@ def known_issue_checks(*, gpus: int, tpus: int) -> list[Check]:
     from tfdp_utils._tf import IS_KERAS3, KERAS_VERSION, tf
     from tfdp_utils.doctor import _known_issues as known_issues
 
+    # The upstream bugs compat works around (status() lists the other runtime changes too).
+    workarounds = [s for s in compat.status() if s.kind == "workaround"]
     installed = known_issues.Installed(
         keras=KERAS_VERSION if IS_KERAS3 else None,
         tensorflow=tf.__version__,
-        bug_present={s.issue: s.bug_present for s in compat.status()},
+        bug_present={s.issue: s.bug_present for s in workarounds},
         workarounds_disabled=compat.disabled(),
         gpus=gpus,
         tpus=tpus,
     )
-    entries = list(known_issues.KNOWN_ISSUES)
-    entries += [
-        known_issues.from_workaround(s.issue, s.summary, s.url)
-        for s in compat.status()
-        if s.issue not in known_issues.ISSUES
-    ]
     checks = []
-    for entry in entries:
+    for entry in known_issues.KNOWN_ISSUES:
         found = known_issues.assess(entry, installed)
         status: Status = "WARN" if found.verdict == "affected" and found.here else "INFO"
         detail = f"{found.verdict} ({found.reason}) - {entry.title}"
@@ -240,7 +236,8 @@ def check_logger(strategy: Any, *, logger_factory: Callable[[str], Any] | None =
         counted = [sum(c.values()) for c in _ids_per_replica(strategy, dataset)]
         with tempfile.TemporaryDirectory(prefix="tfdp-doctor-") as log_dir:
             factory = logger_factory or (
-                lambda d: ThroughputLogger(d, log_every_n_steps=1, warmup_steps=0)
+                # dataset=: counts exactly with or without TFDP_NO_KERAS_PATCHES.
+                lambda d: ThroughputLogger(d, log_every_n_steps=1, warmup_steps=0, dataset=dataset)
             )
             with strategy.scope():
                 model = doctor_model()

@@ -89,7 +89,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         package="keras",
         affected_from="3.0",
         fixed_in=None,
-        workaround=None,
+        workaround="compat",
         hardware=None,
         url="https://github.com/keras-team/keras/issues/20582",
         note="accumulate with a larger global batch instead; check_replica_equivalence "
@@ -212,20 +212,6 @@ def parse_version(text: str) -> tuple[int, ...]:
 
 def _at_least(version: str, bound: str) -> bool:
     return parse_version(version) >= parse_version(bound)
-
-
-def from_workaround(issue: str, summary: str, url: str) -> KnownIssue:
-    """A table entry for a :mod:`tfdp_utils.compat` workaround that the table lacks."""
-    return KnownIssue(
-        issue=issue,
-        title=summary,
-        package="keras",
-        affected_from="3.0",
-        fixed_in=None,
-        workaround="compat",
-        hardware=None,
-        url=url,
-    )
 
 
 def assess(issue: KnownIssue, installed: Installed) -> Assessment:

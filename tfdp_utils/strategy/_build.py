@@ -277,7 +277,6 @@ def build_strategy(
     ``collective_timeout`` here is the resolved bound (None: unbounded); see
     :func:`auto_strategy`.
     """
-    from tfdp_utils import _tf
     from tfdp_utils._tf import tf
 
     if choice.kind == "parameter_server":
@@ -299,7 +298,11 @@ def build_strategy(
         # Every MirroredStrategy in a process starts its collective group keys at the same
         # number; TensorFlow aborts when one key meets two device sets (a notebook that
         # builds a 2-device strategy, then a 4-device one), so each gets its own range.
-        _tf.bump_collective_keys(tf.distribute.MirroredStrategy, _COLLECTIVE_KEY_STRIDE)
+        from tfdp_utils.compat import _changes as compat_changes
+
+        compat_changes.bump_collective_keys(
+            tf.distribute.MirroredStrategy, _COLLECTIVE_KEY_STRIDE, applied_by="auto_strategy()"
+        )
         return tf.distribute.MirroredStrategy(
             devices=list(choice.devices), cross_device_ops=cross_device_ops
         )

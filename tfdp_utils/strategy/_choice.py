@@ -387,7 +387,9 @@ def auto_strategy(
         f"{where}: {choice.reason}. {xla}",
         verbose=_validate.boolean(verbose, "verbose"),
     )
-    strategy._tfdp_choice = choice
+    from tfdp_utils.compat import _changes as compat_changes  # listed by tdu.compat.status()
+
+    compat_changes.record_strategy_choice(strategy, choice, applied_by="auto_strategy()")
     dataset_info.record_strategy(strategy)
     return strategy
 

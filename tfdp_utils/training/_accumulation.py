@@ -156,7 +156,13 @@ def enable_gradient_accumulation(model: Any, accumulation_steps: int) -> Any:
             "shapes yet. Build it first (give it a keras.Input, under strategy.scope())."
         )
     model._tfdp_accumulation = _FitState(model, steps)
-    model.train_step = types.MethodType(_accumulating_train_step, model)
+    from tfdp_utils.compat import _changes as compat_changes  # listed by tdu.compat.status()
+
+    compat_changes.replace_train_step(
+        model,
+        types.MethodType(_accumulating_train_step, model),
+        applied_by="enable_gradient_accumulation()",
+    )
     model.train_function = None  # retrace with the new step
     return model
 

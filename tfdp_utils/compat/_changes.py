@@ -1,0 +1,136 @@
+"""The runtime changes made outside the compat package, described and recorded here.
+
+The builder, :func:`tfdp_utils.auto_strategy` and :func:`tfdp_utils.enable_gradient_accumulation`
+change TensorFlow or Keras objects for reasons of their own; each does it through a function of
+this module, so that :func:`tfdp_utils.compat.status` lists the change with what, why, when
+and whether it can be undone. None of them patches Keras code, so ``TFDP_NO_KERAS_PATCHES``
+leaves them on; none can be undone through the registry (each says why).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tfdp_utils.compat import _fit_binding as fit_binding
+from tfdp_utils.compat import _tf_keras_datasets as tf_keras_datasets
+from tfdp_utils.compat._registry import REGISTRY, RuntimeChange, change_object
+from tfdp_utils.compat._switch import disabled, warn_features_off
+
+COLLECTIVE_KEYS = RuntimeChange(
+    name="mirrored-collective-keys",
+    kind="process",
+    changes="tf.distribute.MirroredStrategy._collective_key_base moved on by a range of keys "
+    "before each MirroredStrategy auto_strategy() builds",
+    why="every MirroredStrategy in a process starts its collective group keys at the same "
+    "number, and TensorFlow aborts when one key meets two device sets (a 2-device strategy, "
+    "then a 4-device one); TensorFlow's own tests move the base the same way. A correctness "
+    "fix of TensorFlow's numbering, not a change to Keras' code, so TFDP_NO_KERAS_PATCHES "
+    "leaves it on. Not undoable: strategies built since use the new keys, and moving the base "
+    "back would give the next strategy keys already in use",
+    undoable=False,
+    kill_switch=False,
+)
+
+DATASET_CLASS = RuntimeChange(
+    name="builder-dataset-class",
+    kind="object",
+    changes="each distributed dataset build_distributed_dataset() returns gets tfdp_info and "
+    "tfdp_plan, and its class is swapped for a same-named subclass whose cardinality is the "
+    "builder's step count",
+    why="Keras 3 takes a dataset's cardinality as the epoch's steps, and TensorFlow's counts "
+    "one worker's per-replica batches, which is not the number of steps with several "
+    "replicas and differs between workers. Only the builder's own datasets change, never "
+    "their class or Keras, so TFDP_NO_KERAS_PATCHES leaves it on. Not undoable: tfdp-utils "
+    "keeps no reference to the datasets",
+    undoable=False,
+    kill_switch=False,
+)
+
+ACCUMULATION_STEP = RuntimeChange(
+    name="accumulation-train-step",
+    kind="object",
+    changes="model.train_step replaced (and model._tfdp_accumulation set) on each model given "
+    "to enable_gradient_accumulation()",
+    why="tf_keras optimizers cannot accumulate gradients; the replaced step adds each batch's "
+    "gradients to replica-local accumulators and applies their mean every k batches. Asked "
+    "for by name on one model, so TFDP_NO_KERAS_PATCHES leaves it on. Not undoable: build "
+    "and compile a new model for Keras' own step",
+    undoable=False,
+    kill_switch=False,
+)
+
+STRATEGY_CHOICE = RuntimeChange(
+    name="strategy-choice",
+    kind="object",
+    changes="strategy._tfdp_choice set on each strategy auto_strategy() returns",
+    why="tdu.strategy.explain(strategy) returns the StrategyChoice behind the strategy; an "
+    "attribute of tfdp-utils' own, which TensorFlow never reads, so TFDP_NO_KERAS_PATCHES leaves it on. "
+    "Not undoable (nothing to undo: TensorFlow's behaviour is unchanged)",
+    undoable=False,
+    kill_switch=False,
+)
+
+CHANGES = (COLLECTIVE_KEYS, DATASET_CLASS, ACCUMULATION_STEP, STRATEGY_CHOICE)
+
+
+def teach_tf_keras(*, applied_by: str) -> bool:
+    """On tf_keras, let ``fit``/``evaluate`` take a builder dataset's steps (once per process).
+
+    Returns:
+        True when tf_keras's adapter is patched in this process; False on Keras 3, when
+        ``TFDP_NO_KERAS_PATCHES=1`` (then one warning per process names what is off), or when
+        this tf_keras has no adapter to patch.
+    """
+    from tfdp_utils._tf import IS_KERAS3
+
+    with REGISTRY.lock:
+        if IS_KERAS3:
+            return False
+        if tf_keras_datasets.installed():
+            return True
+        if disabled():
+            warn_features_off(applied_by)
+            return False
+        return tf_keras_datasets.install(applied_by=applied_by)
+
+
+def prepare_for_datasets(*, applied_by: str) -> None:
+    """What a builder dataset needs of Keras: ``fit`` wrapped, and on tf_keras the adapter taught.
+
+    The builder calls this for every dataset it returns; each change is made once per
+    process. With ``TFDP_NO_KERAS_PATCHES=1`` neither is made, and one warning (per process)
+    names the features that are then off.
+
+    Args:
+        applied_by: what asks for it, e.g. ``"build_distributed_dataset()"``.
+    """
+    teach_tf_keras(applied_by=applied_by)
+    fit_binding.install(applied_by=applied_by)
+
+
+def bump_collective_keys(strategy_class: Any, stride: int, *, applied_by: str) -> None:
+    """Move ``strategy_class``'s collective key base on by ``stride``, and record it."""
+    from tfdp_utils import _tf
+
+    with REGISTRY.lock:
+        if _tf.bump_collective_keys(strategy_class, stride):
+            REGISTRY.record(COLLECTIVE_KEYS, applied_by=applied_by)
+
+
+def swap_dataset_class(dataset: Any, cls: type, *, applied_by: str) -> None:
+    """Give one builder dataset the class ``cls`` (a same-named subclass of its own).
+
+    Raises:
+        TypeError: the dataset's class forbids ``__class__`` assignment.
+    """
+    change_object(dataset, "__class__", cls, change=DATASET_CLASS, applied_by=applied_by)
+
+
+def replace_train_step(model: Any, train_step: Any, *, applied_by: str) -> None:
+    """Replace ``train_step`` on one model (its class keeps Keras' own)."""
+    change_object(model, "train_step", train_step, change=ACCUMULATION_STEP, applied_by=applied_by)
+
+
+def record_strategy_choice(strategy: Any, choice: Any, *, applied_by: str) -> None:
+    """Keep the choice behind ``strategy`` on it, for :func:`tfdp_utils.strategy.explain`."""
+    change_object(strategy, "_tfdp_choice", choice, change=STRATEGY_CHOICE, applied_by=applied_by)
