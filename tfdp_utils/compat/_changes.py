@@ -64,8 +64,8 @@ STRATEGY_CHOICE = RuntimeChange(
     kind="object",
     changes="strategy._tfdp_choice set on each strategy auto_strategy() returns",
     why="tdu.strategy.explain(strategy) returns the StrategyChoice behind the strategy; an "
-    "attribute of tfdp-utils' own, which TensorFlow never reads, so TFDP_NO_KERAS_PATCHES leaves it on. "
-    "Not undoable (nothing to undo: TensorFlow's behaviour is unchanged)",
+    "attribute of tfdp-utils' own, which TensorFlow never reads, so TFDP_NO_KERAS_PATCHES "
+    "leaves it on. Not undoable (nothing to undo: TensorFlow's behaviour is unchanged)",
     undoable=False,
     kill_switch=False,
 )
