@@ -3,20 +3,19 @@
 Each row is one case: what is called, and either the clear error it must raise (its type and a
 fragment of the message that names what was received or expected) or a documented acceptance
 (the input is legitimate, and the row says why). A case never hangs: the whole table runs in
-one process. docs/errors.md states the campaign's counts; ``test_the_counts_in_the_docs``
-keeps them true.
+one process. docs/errors.md states the campaign's counts over every table of
+``tests/hostile/``; ``test_hostile_counts.py`` keeps them true.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from support.processes import REPO
+from support.hostile import Accepts, Case, Raises, check_case, parametrize
 
 import tfdp_utils as tdu
 from tfdp_utils._tf import keras
@@ -46,20 +45,6 @@ def _compile(**kwargs: Any) -> Any:
 
 X = np.arange(20, dtype="float32").reshape(10, 2)
 Y = np.arange(10)
-
-
-class Raises:
-    """The case must raise ``error`` with a message matching ``pattern``."""
-
-    def __init__(self, error: type[Exception], pattern: str) -> None:
-        self.error, self.pattern = error, pattern
-
-
-class Accepts:
-    """The input is legitimate: ``why`` documents it."""
-
-    def __init__(self, why: str) -> None:
-        self.why = why
 
 
 SLURM = {"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NODELIST": "n[1-2]"}
@@ -625,35 +610,9 @@ ENV_CASES = [
     ),
 ]
 
-ALL_CASES = CASES + ENV_CASES
+ALL_CASES: list[Case] = CASES + ENV_CASES
 
 
-@pytest.mark.parametrize(
-    ("call", "outcome"), [case[1:] for case in ALL_CASES], ids=[case[0] for case in ALL_CASES]
-)
+@parametrize(ALL_CASES)
 def test_hostile_input(call: Callable[[], Any], outcome: Raises | Accepts) -> None:
-    if isinstance(outcome, Accepts):
-        call()
-        return
-    with pytest.raises(outcome.error, match=outcome.pattern) as raised:
-        call()
-    # Ours, not Python's: no AttributeError / bare conversion errors reach the user.
-    assert type(raised.value) is outcome.error
-
-
-def test_the_counts_in_the_docs() -> None:
-    page = (REPO / "docs" / "errors.md").read_text()
-    accepted = sum(isinstance(case[2], Accepts) for case in ALL_CASES)
-    expected = (
-        f"{len(ALL_CASES)} cases tried: {len(ALL_CASES) - accepted} clear errors, "
-        f"{accepted} documented acceptances, 0 hangs"
-    )
-    assert expected in page, f"docs/errors.md should say: {expected}"
-    for name, _, outcome in ALL_CASES:
-        if isinstance(outcome, Accepts):
-            assert re.search(re.escape(outcome.why), page), f"acceptance not documented: {name}"
-
-
-def test_docs_page_is_in_the_nav() -> None:
-    assert "errors.md" in (REPO / "mkdocs.yml").read_text()
-    assert Path(REPO / "docs" / "errors.md").exists()
+    check_case(call, outcome)
