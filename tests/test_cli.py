@@ -1,12 +1,15 @@
-"""The command line without TensorFlow: report, env, and argument errors in one line.
+"""The command line: report, env, exit statuses, and argument errors in one line.
 
 These run again with TensorFlow refused (tests/test_runs_without_tensorflow.py): the
-event files are written with TensorBoard's own TensorFlow-free writer.
+event files are written with TensorBoard's own TensorFlow-free writer, and the cases that need
+the whole command (``env`` with TensorFlow, closed pipes, path arguments) run it as a child
+process with a hard timeout.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import struct
 import subprocess
 import sys
@@ -15,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.processes import REPO
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 from tensorboard.util import tensor_util
@@ -143,8 +147,142 @@ def test_env_without_tensorflow_reports_it(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
     )
-    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.returncode == 1, result.stderr[-3000:]  # no strategy; 2 is for arguments
     assert "Traceback" not in result.stderr
     assert "- TensorFlow: not installed" in result.stdout
     assert "No module named tensorflow" in result.stdout
     assert "pip install 'tfdp-utils[cpu]'" in result.stdout
+
+
+# ------------------------------------------------- the real command, in child processes
+
+CLI = [sys.executable, "-m", "tfdp_utils.cli"]
+
+
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """``tfdp-utils ARGS`` in a child process under ``env`` (added to a clean environment)."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "TFDP_"))}
+    for name in ("TF_CONFIG", "SLURM_PROCID"):
+        full_env.pop(name, None)
+    full_env.update({"TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})})
+    return subprocess.run(
+        [*CLI, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=str(REPO),
+        env=full_env,
+        check=False,
+    )
+
+
+def test_env_names_no_strategy_auto_strategy_refuses_and_exits_1() -> None:
+    # Before: exit 0 and "would build: OneDeviceStrategy", while auto_strategy() raised.
+    result = run_cli("env", env={"TFDP_CLUSTER_TIMEOUT": "abc"})
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    out = result.stdout
+    message = "TFDP_CLUSTER_TIMEOUT must be a number of seconds, but received"
+    assert "- Environment check: 1 problem(s)" in out and message in out
+    assert "- Strategy auto_strategy() would build: none, it raises here" in out
+    assert "OneDeviceStrategy" not in out
+    assert "- CPU devices (1)" in out  # the rest of the report is still there
+
+
+def test_env_json_lists_the_problems_auto_strategy_raises() -> None:
+    result = run_cli("env", "--json", env={"TFDP_COLLECTIVE_TIMEOUT": "-1"})
+    assert result.returncode == 1, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert report["strategy"] is None
+    [problem] = report["environment_problems"]
+    assert problem["variable"] == "TFDP_COLLECTIVE_TIMEOUT"
+    assert problem["message"].startswith("TFDP_COLLECTIVE_TIMEOUT=-1.0 must be a positive")
+    assert problem["message"] in report["reason"]
+
+
+def test_env_prints_what_it_knows_before_importing_tensorflow(tmp_path: Path) -> None:
+    # A stand-in TensorFlow that says when it is imported: the facts come out before it.
+    (tmp_path / "tensorflow.py").write_text(
+        "import sys\nprint('IMPORTING TENSORFLOW', flush=True)\nraise ImportError('stand-in')\n"
+    )
+    code = (
+        f"import sys; sys.path.insert(0, {str(tmp_path)!r})\n"
+        "from tfdp_utils import cli\n"
+        "raise SystemExit(cli.main(['env']))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "TFDP_STRATEGY": "nonsense"},
+    )
+    out = result.stdout
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "IMPORTING TENSORFLOW" in out
+    before = out[: out.index("IMPORTING TENSORFLOW")]
+    for line in ("- Python:", "- Cluster: none", "- $TFDP_STRATEGY: nonsense"):
+        assert line in before, out
+    assert "TFDP_STRATEGY='nonsense' is not a strategy choice" in before
+    # Without TensorFlow, the environment's problem is still the reason given (as
+    # auto_strategy() checks the environment before it imports TensorFlow).
+    assert "- Why: auto_strategy() raises ValueError here: TFDP_STRATEGY='nonsense'" in out
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["demo", "--log-dir", "{file}/logs"],
+        ["demo", "--log-dir", "{file}"],
+        ["data-service", "dispatcher", "--port", "0", "--work-dir", "{file}/journal"],
+    ],
+)
+def test_a_path_argument_that_cannot_be_a_directory_is_one_line_before_any_work(
+    argv: list[str], tmp_path: Path
+) -> None:
+    # Before: demo failed after training had started; the dispatcher after ~25 s of retries.
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    args = [arg.format(file=blocker) for arg in argv]
+    # A stand-in TensorFlow that says so when imported: the refusal must come before it.
+    stand_in = tmp_path / "stand-in"
+    stand_in.mkdir()
+    (stand_in / "tensorflow.py").write_text(
+        "print('IMPORTING TENSORFLOW', flush=True)\nraise ImportError('stand-in')\n"
+    )
+    result = run_cli(*args, env={"PYTHONPATH": str(stand_in)}, timeout=120)
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and f"{args[-2]} must be a directory" in errors[0], result.stderr
+    assert "IMPORTING TENSORFLOW" not in result.stdout
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["env"], ["report", "{logs}"]])
+def test_a_closed_pipe_ends_quietly(argv: list[str], logs: Path) -> None:
+    # `tfdp-utils report LOGDIR | head -1` ended in a BrokenPipeError traceback.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    process = subprocess.Popen(
+        [*CLI, *(arg.format(logs=logs) for arg in argv)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=str(REPO),
+        env=env,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()  # the reader goes away before the first line is written
+    try:
+        with process.stderr:
+            err = process.stderr.read()
+        code = process.wait(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err[-3000:]
+    # cli.main ends any command this way (141, as a command stopped by SIGPIPE); argparse's
+    # --help and report's own printing end theirs with their usual status.
+    assert code == (cli.EXIT_CLOSED_PIPE if argv == ["env"] else 0), err[-3000:]

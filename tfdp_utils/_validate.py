@@ -151,3 +151,58 @@ def env_seconds(name: str, text: str, *, example: float) -> float:
             f"{name} must be a number of seconds, but received {name}={text!r}. "
             f"Set it to e.g. {example:g}."
         ) from None
+
+
+def directory_path(value: Any, name: str, *, example: str) -> str:
+    """``value`` as a string when it names a directory that exists or can be created here.
+
+    Checked before any work starts, so a command does not train (or wait on a server) for
+    minutes before failing to write its first file. Pure: reads the file system, creates
+    nothing.
+
+    Args:
+        value: a ``str`` or ``os.PathLike``.
+        name: the argument name shown in the message (``"--log-dir"``, ``"log_dir"``).
+        example: a valid value for the message, e.g. ``"logs"``.
+
+    Returns:
+        ``value`` as a string.
+
+    Raises:
+        TypeError: ``value`` is not a path.
+        ValueError: ``value`` is empty, is a file, lies under a file, or its nearest existing
+            directory is not writable.
+    """
+    import os
+    from pathlib import Path
+
+    shown = f"{name} {example}" if name.startswith("--") else f"{name}={example!r}"
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(
+            f"{name} must be a directory path (a str or pathlib.Path), but received {value!r} "
+            f"of type {type(value).__name__}. Pass e.g. {shown}."
+        )
+    text_value = os.fspath(value)
+    if not isinstance(text_value, str) or not text_value.strip():
+        raise ValueError(
+            f"{name} must be a directory path, but received {value!r}. Pass e.g. {shown}."
+        )
+    path = Path(text_value)
+    fix = f"Pass a directory that exists or can be created, e.g. {shown}."
+    if path.exists() and not path.is_dir():
+        raise ValueError(
+            f"{name} must be a directory, but received {text_value!r}, which is a file. {fix}"
+        )
+    existing = next(candidate for candidate in (path, *path.parents) if candidate.exists())
+    if not existing.is_dir():
+        raise ValueError(
+            f"{name} must be a directory that exists or can be created, but received "
+            f"{text_value!r}, which lies under the file {str(existing)!r}: no directory can be "
+            f"made there. {fix}"
+        )
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(
+            f"{name} must be a directory this user can write to, but received {text_value!r}, "
+            f"and {str(existing)!r} is not writable. {fix}"
+        )
+    return text_value

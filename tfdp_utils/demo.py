@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tfdp_utils._validate import directory_path
+
 DEFAULT_LOG_DIR = "tfdp-demo-logs"
 MNIST_PATH = Path("~/.keras/datasets/mnist.npz").expanduser()
 
@@ -177,6 +179,7 @@ def run(
     """
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
         raise ValueError(f"epochs={epochs!r} must be a positive integer, such as 5.")
+    directory_path(log_dir, "log_dir", example=DEFAULT_LOG_DIR)  # before any training
     configure_replicas(replicas)
     if model not in ("mlp", "cnn"):
         raise ValueError(f"model={model!r} is not a demo model; expected 'mlp' or 'cnn'.")
@@ -267,6 +270,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_from_args(args: argparse.Namespace) -> int:
     """Run the demo from parsed command-line arguments and print where to look next."""
+    directory_path(args.log_dir, "--log-dir", example=DEFAULT_LOG_DIR)  # before TensorFlow
     result = run(
         log_dir=args.log_dir,
         model=args.model,

@@ -304,3 +304,37 @@ def test_tf_config_without_a_cluster_trains_alone_and_says_so(
     with caplog.at_level("WARNING", logger="tfdp_utils"):
         assert parse_tf_config(value) is None
     assert any("names no cluster" in r.getMessage() for r in caplog.records)
+
+
+def test_a_slurm_step_of_zero_tasks_is_refused_not_taken_for_no_cluster() -> None:
+    # Before: SLURM_STEP_NUM_TASKS=0 was read as "no cluster", and the task trained alone.
+    environ = {"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "0", "SLURM_STEP_NODELIST": "n1"}
+    with pytest.raises(ValueError, match=r"SLURM_STEP_NUM_TASKS must be .* at least 1, but "):
+        parse_slurm(environ)
+
+
+@pytest.mark.parametrize(
+    ("change", "received", "expected"),
+    [
+        ({"SLURM_PROCID": "5"}, "SLURM_PROCID=5 is outside 0..1", "this task's rank among"),
+        (
+            {"SLURM_STEP_NODELIST": "n[1-2"},
+            "received SLURM_STEP_NODELIST='n[1-2', which has an unbalanced '['",
+            "must be a SLURM host list such as 'node[01-04],gpu-a'",
+        ),
+    ],
+)
+def test_slurm_messages_say_what_was_received_expected_and_the_fix(
+    change: dict[str, str], received: str, expected: str
+) -> None:
+    environ = {
+        "SLURM_PROCID": "0",
+        "SLURM_STEP_NUM_TASKS": "2",
+        "SLURM_STEP_NODELIST": "n[1-2]",
+        **change,
+    }
+    with pytest.raises(ValueError) as info:
+        parse_slurm(environ)
+    message = str(info.value)
+    assert received in message and expected in message
+    assert "run the script with srun inside the allocation" in message

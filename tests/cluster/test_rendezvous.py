@@ -163,3 +163,58 @@ def test_a_missing_server_ends_the_wait_at_the_bound_naming_it_and_the_fix() -> 
     assert "run tfdp_utils.run_server()" in message
     assert "auto_strategy(cluster_timeout=SECONDS)" in message
     assert "TFDP_CLUSTER_TIMEOUT" in message
+
+
+UNRESOLVABLE = "nodex.invalid"  # RFC 2606: a .invalid name never resolves
+
+
+def test_a_peer_whose_host_name_does_not_resolve_is_named_at_once_and_in_the_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Before: such a peer was waited on for the whole bound, and the error did not say why.
+    from tfdp_utils.cluster._rendezvous import wait_for_peers
+
+    spec = {"worker": [f"127.0.0.1:{free_port()}", f"{UNRESOLVABLE}:2222"]}
+    config = validate_cluster(spec, "worker", 0)
+    with (
+        caplog.at_level("WARNING", logger="tfdp_utils"),
+        pytest.raises(ClusterTimeoutError) as info,
+    ):
+        wait_for_peers(config, timeout=0.5, poll_interval=0.05)
+    # A WARNING of its own, not the progress line (which comes every 30 s).
+    warnings = [r.getMessage() for r in caplog.records if UNRESOLVABLE in r.getMessage()]
+    assert warnings and "still waiting" not in warnings[0], warnings
+    assert "does not resolve here" in warnings[0] and "worker:1" in warnings[0]
+    message = str(info.value)
+    assert f"worker:1 at {UNRESOLVABLE}:2222 (its host name does not resolve here)" in message
+    assert f"The host name(s) '{UNRESOLVABLE}' did not resolve here at all" in message
+
+
+def test_a_server_whose_host_name_does_not_resolve_is_named_in_the_error() -> None:
+    spec = {
+        "chief": [f"127.0.0.1:{free_port()}"],
+        "worker": [f"{UNRESOLVABLE}:2222"],
+        "ps": [f"127.0.0.1:{free_port()}"],
+    }
+    with pytest.raises(ClusterTimeoutError) as info:
+        wait_for_servers(validate_cluster(spec, "chief", 0), timeout=0.3, poll_interval=0.05)
+    message = str(info.value)
+    assert f"worker:0 at {UNRESOLVABLE}:2222 (its host name does not resolve here)" in message
+    assert "ps:0 at 127.0.0.1:" in message and message.count("does not resolve here") == 1
+
+
+def test_the_timeout_error_says_how_long_the_users_call_had_run_before_the_wait() -> None:
+    # Before: "within 8 s" for an error that came 50 s after auto_strategy() was called.
+    from tfdp_utils.cluster._rendezvous import wait_for_peers
+
+    spec = {"worker": [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]}
+    called_at = time.monotonic() - 40.0  # as if TensorFlow's import had taken 40 s
+    with pytest.raises(ClusterTimeoutError) as info:
+        wait_for_peers(validate_cluster(spec, "worker", 0), timeout=0.5, called_at=called_at)
+    in_all = time.monotonic() - called_at  # a second timer, around the whole "call"
+    message = str(info.value)
+    assert "within 0.5 s of waiting (the wait began 40 s after auto_strategy() was called" in (
+        message
+    )
+    reported = float(message.split("; ")[1].split(" s in all")[0])
+    assert abs(reported - in_all) <= 1.0, (reported, in_all)

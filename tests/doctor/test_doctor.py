@@ -86,6 +86,25 @@ def test_the_table_gives_one_verdict_per_line_and_the_exit_code() -> None:
     assert exit_code(checks) == 1 and exit_code(checks[:2]) == 0
 
 
+def test_the_environment_check_is_the_one_auto_strategy_runs() -> None:
+    from tfdp_utils.strategy._environment_check import check_environment
+
+    assert [c.status for c in doctor.environment_checks({})] == ["PASS"]
+    environ = {"TFDP_STRATEGY": "nonsense", "TF_CONFIG": "[", "TFDP_SERVICE_TIMEOUT": "1"}
+    checks = doctor.environment_checks(environ)
+    problems = check_environment(environ)
+    assert [(c.status, c.detail) for c in checks] == [("FAIL", p.message) for p in problems]
+    assert [c.name for c in checks] == [
+        "environment variables: TF_CONFIG",
+        "environment variables: TFDP_STRATEGY",
+    ]
+
+
+def test_a_multi_line_detail_stays_in_its_column() -> None:
+    table = format_table([Check("versions", "x", "FAIL", "first line\nsecond line")])
+    assert "\n  FAIL  x  first line\n           second line\n" in table
+
+
 def test_wait_all_kills_every_process_at_the_first_failure_or_the_bound() -> None:
     def start(code: str) -> subprocess.Popen[str]:
         return subprocess.Popen([sys.executable, "-c", code], text=True)
@@ -234,4 +253,28 @@ def test_doctor_fails_with_the_keras_workarounds_turned_off() -> None:
     assert len(failed) == 1 and "steps_per_execution=2" in failed[0], result.stdout
     assert "placeholder" in failed[0]
     assert any(line.startswith("  WARN  keras#19246") for line in lines)
+    assert lines[-1].startswith("verdict: FAILED (1 FAIL")
+
+
+@pytest.mark.parametrize(
+    ("variables", "named"),
+    [
+        ({"TFDP_STRATEGY": "nonsense"}, "TFDP_STRATEGY='nonsense' is not a strategy choice"),
+        ({"TF_CONFIG": "["}, "TF_CONFIG is invalid: it is not valid JSON"),
+        ({"TFDP_COLLECTIVE_TIMEOUT": "-1"}, "TFDP_COLLECTIVE_TIMEOUT=-1.0 must be a positive"),
+    ],
+)
+def test_doctor_fails_on_an_environment_auto_strategy_refuses(
+    variables: dict[str, str], named: str
+) -> None:
+    # Before: TFDP_STRATEGY=nonsense gave "verdict: OK", exit 0; a malformed TF_CONFIG failed
+    # in the child process with a raw JSONDecodeError that never named TF_CONFIG.
+    result = _doctor(env=variables)
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    [failed] = [line for line in lines if line.startswith("  FAIL")]
+    assert "environment variables: " + next(iter(variables)) in failed
+    assert named in failed
+    assert "JSONDecodeError" not in result.stdout + result.stderr
+    assert any(line.startswith("  SKIP  TensorFlow checks") for line in lines)
     assert lines[-1].startswith("verdict: FAILED (1 FAIL")

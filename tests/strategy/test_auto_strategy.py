@@ -267,6 +267,36 @@ def test_worker_that_never_starts_gives_a_clear_error_in_time():
     assert "cluster_timeout=SECONDS" in data["message"]
 
 
+CALLED_COLD = """
+import json, sys, time
+start = time.monotonic()  # before TensorFlow's import, which auto_strategy() does itself
+import tfdp_utils as tdu
+try:
+    tdu.auto_strategy()
+except tdu.ClusterTimeoutError as exc:
+    print("TIMEOUT", json.dumps({"elapsed": time.monotonic() - start, "message": str(exc)}))
+    sys.exit(3)
+"""
+
+
+@pytest.mark.slow
+def test_the_cluster_timeout_error_says_what_it_measured_from_the_users_call():
+    # Before: TFDP_CLUSTER_TIMEOUT=8 gave "did not join ... within 8 s" 50 s after the call
+    # (TensorFlow's import and set-up run inside it, before the wait).
+    ports = [free_port(), free_port()]
+    env = {"TF_CONFIG": tf_config(ports, 0), "TFDP_CLUSTER_TIMEOUT": "2"}
+    [(rc, out, err)] = wait_all([start_python(CALLED_COLD, env=env)], timeout=180, check=False)
+    assert rc == 3, err[-3000:]
+    data = json.loads(next(x for x in out.splitlines() if x.startswith("TIMEOUT "))[8:])
+    message = data["message"]
+    assert "did not join the TF_CONFIG cluster within 2 s of waiting (the wait began " in message
+    began = float(message.split("the wait began ")[1].split(" s after auto_strategy()")[0])
+    in_all = float(message.split("; ")[1].split(" s in all")[0])
+    # The figures agree with a second timer around the whole call (whole seconds, rounded).
+    assert abs(in_all - data["elapsed"]) <= 1.5, (in_all, data["elapsed"])
+    assert abs(began + 2 - in_all) <= 1.5
+
+
 @pytest.mark.slow
 def test_env_command_reports_versions_and_choice():
     result = run_python(

@@ -11,6 +11,7 @@ import contextlib
 import logging
 import socket
 import threading
+from collections.abc import Collection
 
 from tfdp_utils._waiting import Deadline, WaitProgress, wait_until
 from tfdp_utils.cluster._config import ClusterConfig
@@ -36,14 +37,26 @@ def _bind_host(host: str) -> str:
     return ""
 
 
+UNRESOLVED = "unresolved"
+"""What the probes return when the peer's host name does not resolve here."""
+
+
 def reachable(address: str, timeout: float) -> bool:
     """Whether ``address`` accepts a TCP connection within ``timeout`` seconds."""
+    return _connect(address, timeout) == "up"
+
+
+def _connect(address: str, timeout: float) -> str:
+    """``"up"`` when ``address`` accepts a TCP connection within ``timeout`` seconds,
+    :data:`UNRESOLVED` when its host name does not resolve, else ``"down"``."""
     host, _, port = address.rpartition(":")
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=max(timeout, 0.05)):
-            return True
+            return "up"
+    except socket.gaierror:
+        return UNRESOLVED
     except OSError:
-        return False
+        return "down"
 
 
 _BANNER = b"tfdp-rendezvous\n"
@@ -52,7 +65,8 @@ _HELLO = b"tfdp-hello "
 
 def _probe(address: str, me: str, timeout: float) -> str | None:
     """Contact a peer: ``"rendezvous"`` (it waits for us, and now knows we are here),
-    ``"running"`` (its port answers without our banner: TensorFlow's server is up), or None."""
+    ``"running"`` (its port answers without our banner: TensorFlow's server is up),
+    :data:`UNRESOLVED` (its host name does not resolve), or None (nothing answers yet)."""
     host, _, port = address.rpartition(":")
     try:
         with socket.create_connection(
@@ -67,6 +81,8 @@ def _probe(address: str, me: str, timeout: float) -> str | None:
                 return "running"
             s.sendall(_HELLO + me.encode() + b"\n")
             return "rendezvous"
+    except socket.gaierror:
+        return UNRESOLVED
     except OSError:
         return None
 
@@ -116,8 +132,68 @@ class _Listener:
         self.sock.close()
 
 
-def _names(tasks: list[tuple[str, int, str]]) -> str:
-    return ", ".join(f"{task_type}:{index} at {address}" for task_type, index, address in tasks)
+def _names(
+    tasks: list[tuple[str, int, str]], unresolved: Collection[tuple[str, int, str]] = ()
+) -> str:
+    return ", ".join(
+        f"{task_type}:{index} at {address}"
+        + (
+            " (its host name does not resolve here)"
+            if (task_type, index, address) in unresolved
+            else ""
+        )
+        for task_type, index, address in tasks
+    )
+
+
+def _host(address: str) -> str:
+    return address.rpartition(":")[0].strip("[]")
+
+
+def _resolution_note(unresolved: Collection[tuple[str, int, str]]) -> str:
+    """A sentence for the timeout error when some peers' host names never resolved."""
+    if not unresolved:
+        return ""
+    hosts = ", ".join(sorted({repr(_host(task[2])) for task in unresolved}))
+    return (
+        f" The host name(s) {hosts} did not resolve here at all (socket.getaddrinfo "
+        "failed): check them for typos in the cluster spec (TF_CONFIG, the SLURM host list) "
+        "and that this machine's DNS or /etc/hosts knows them."
+    )
+
+
+def _within(timeout: float, deadline: Deadline, called_at: float | None, caller: str) -> str:
+    """ "within 8 s", and, given when the user's call began, where the wait sat in it."""
+    if called_at is None:
+        return f"within {timeout:g} s"
+    began = deadline.start - called_at
+    total = deadline.elapsed() + began
+    return (
+        f"within {timeout:g} s of waiting (the wait began {began:.0f} s after {caller} was "
+        f"called, once TensorFlow was imported and set up; {total:.0f} s in all)"
+    )
+
+
+def _warn_unresolved(
+    tasks: Collection[tuple[str, int, str]], source: str, timeout: float, warned: set[str]
+) -> None:
+    """Say once per host, at once, that a peer's host name does not resolve."""
+    for task_type, index, address in tasks:
+        host = _host(address)
+        if host in warned:
+            continue
+        warned.add(host)
+        logger.warning(
+            "tfdp_utils: the host name %r of %s:%d (%s cluster) does not resolve here "
+            "(socket.getaddrinfo failed). Waiting for it anyway, up to %g s, since a task's "
+            "name can appear only once the task starts (Kubernetes); if it is misspelled, "
+            "fix the cluster spec.",
+            host,
+            task_type,
+            index,
+            source,
+            timeout,
+        )
 
 
 def wait_for_peers(
@@ -126,6 +202,8 @@ def wait_for_peers(
     timeout: float,
     poll_interval: float = 0.2,
     timeout_variable: str = "cluster_timeout",
+    called_at: float | None = None,
+    caller: str = "auto_strategy()",
 ) -> float:
     """Block until every other training task has started, at most ``timeout`` seconds.
 
@@ -133,6 +211,20 @@ def wait_for_peers(
     and returns once it has reached each peer and each peer still waiting has reached it. The
     listener is closed before returning, so TensorFlow's server can bind the port next; a peer
     whose TensorFlow server already answers counts as started. Returns the seconds waited.
+
+    A peer whose host name does not resolve is named at once (a WARNING), in each progress line
+    and in the timeout error, but still waited for: on Kubernetes a task's name can appear only
+    once the task runs.
+
+    Args:
+        config: the cluster and this task's place in it.
+        timeout: seconds to wait, counted from this call.
+        poll_interval: seconds between rounds of probes. Defaults to `0.2`.
+        timeout_variable: the argument the messages say changes the bound. Defaults to
+            `"cluster_timeout"`.
+        called_at: when the user's call began (``time.monotonic()``), so the timeout error can
+            say how long that call had run before this wait. Defaults to `None`.
+        caller: the user's call, for that sentence. Defaults to `"auto_strategy()"`.
 
     Raises:
         ClusterTimeoutError: naming each task that never answered and how to wait longer.
@@ -156,10 +248,13 @@ def wait_for_peers(
     sock.listen(64)
     listener = _Listener(sock)
     state: dict[tuple[str, int, str], str | None] = {task: None for task in peers}
+    unresolved: set[tuple[str, int, str]] = set()
+    warned: set[str] = set()
     pending = list(peers)
     progress = WaitProgress(
         lambda: (
-            f"{len(pending)} peer task(s) to join the {config.source} cluster: " + _names(pending)
+            f"{len(pending)} peer task(s) to join the {config.source} cluster: "
+            + _names(pending, unresolved)
         ),
         bound=timeout,
         change=f"auto_strategy({timeout_variable}=SECONDS) or TFDP_CLUSTER_TIMEOUT",
@@ -169,7 +264,13 @@ def wait_for_peers(
         nonlocal pending
         for task in peers:
             if state[task] is None:
-                state[task] = _probe(task[2], me, deadline.slice(1.0, 0.05))
+                found = _probe(task[2], me, deadline.slice(1.0, 0.05))
+                if found == UNRESOLVED:
+                    unresolved.add(task)
+                else:
+                    unresolved.discard(task)
+                    state[task] = found
+        _warn_unresolved(unresolved, config.source, timeout, warned)
         pending = [
             task
             for task in peers
@@ -181,9 +282,10 @@ def wait_for_peers(
     def timeout_error() -> ClusterTimeoutError:
         return ClusterTimeoutError(
             f"{len(pending)} of {len(peers)} peer task(s) did not join the "
-            f"{config.source} cluster within {timeout:g} s: {_names(pending)}. "
-            f"This task is {me} at {own}. Check that every task was started and that "
-            "the addresses are reachable from here, or wait longer with "
+            f"{config.source} cluster {_within(timeout, deadline, called_at, caller)}: "
+            f"{_names(pending, unresolved)}. "
+            f"This task is {me} at {own}.{_resolution_note(unresolved)} Check that every task "
+            "was started and that the addresses are reachable from here, or wait longer with "
             f"auto_strategy({timeout_variable}=SECONDS) or the TFDP_CLUSTER_TIMEOUT "
             "environment variable.",
             missing=pending,
@@ -204,9 +306,19 @@ def wait_for_peers(
     return waited
 
 
-def wait_for_servers(config: ClusterConfig, *, timeout: float, poll_interval: float = 0.2) -> float:
+def wait_for_servers(
+    config: ClusterConfig,
+    *,
+    timeout: float,
+    poll_interval: float = 0.2,
+    called_at: float | None = None,
+    caller: str = "auto_strategy()",
+) -> float:
     """Block until every ``worker`` and ``ps`` server of a parameter-server cluster accepts
     connections, at most ``timeout`` seconds. Returns the seconds waited.
+
+    ``called_at`` and ``caller`` are as for :func:`wait_for_peers`; a server whose host name
+    does not resolve is named the same way.
 
     Raises:
         ClusterTimeoutError: naming each server that never answered and how to wait longer.
@@ -218,22 +330,37 @@ def wait_for_servers(config: ClusterConfig, *, timeout: float, poll_interval: fl
         for index, address in enumerate(config.cluster.get(task_type, ()))
     ]
     pending = list(servers)
+    unresolved: set[tuple[str, int, str]] = set()
+    warned: set[str] = set()
     progress = WaitProgress(
-        lambda: f"{len(pending)} parameter-server cluster task(s) to serve: {_names(pending)}",
+        lambda: (
+            f"{len(pending)} parameter-server cluster task(s) to serve: "
+            + _names(pending, unresolved)
+        ),
         bound=timeout,
         change="auto_strategy(cluster_timeout=SECONDS) or TFDP_CLUSTER_TIMEOUT",
     )
 
+    def serves(task: tuple[str, int, str]) -> bool:
+        found = _connect(task[2], deadline.slice(1.0, 0.05))
+        if found == UNRESOLVED:
+            unresolved.add(task)
+        else:
+            unresolved.discard(task)
+        return found == "up"
+
     def all_serve() -> bool:
         nonlocal pending
-        pending = [task for task in pending if not reachable(task[2], deadline.slice(1.0, 0.05))]
+        pending = [task for task in pending if not serves(task)]
+        _warn_unresolved(unresolved, config.source, timeout, warned)
         return not pending
 
     def timeout_error() -> ClusterTimeoutError:
+        within = _within(timeout, deadline, called_at, caller)
         return ClusterTimeoutError(
             f"{len(pending)} of {len(servers)} server task(s) of the {config.source} "
-            f"parameter-server cluster did not answer within {timeout:g} s: "
-            f"{_names(pending)}. Check "
+            f"parameter-server cluster did not answer {within}: "
+            f"{_names(pending, unresolved)}.{_resolution_note(unresolved)} Check "
             "that those tasks run tfdp_utils.run_server() and are reachable from here, or "
             "wait longer with auto_strategy(cluster_timeout=SECONDS) or the "
             "TFDP_CLUSTER_TIMEOUT environment variable.",

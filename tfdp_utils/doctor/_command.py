@@ -4,7 +4,9 @@ Three sections, one verdict per line, as a table a user can paste into a bug rep
 
 - **versions**: Python, TensorFlow and which flavour packages are installed (two at once is
   flagged), Keras, tf_keras, TensorBoard, Ray: read with ``importlib.metadata``, without
-  importing TensorFlow; then, from TensorFlow itself, its CUDA/cuDNN build and devices.
+  importing TensorFlow; the environment variables ``auto_strategy()`` reads, checked by the
+  same function it calls (a FAIL line per problem, and then no self-tests); then, from
+  TensorFlow itself, its CUDA/cuDNN build and devices.
 - **known issues**: :data:`tfdp_utils.doctor._known_issues.KNOWN_ISSUES` marked affected / fixed /
   worked around for the installed versions.
 - **self-tests**: 2 logical CPU replicas against one device (with and without
@@ -30,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -88,6 +90,35 @@ def flavour_check(flavours: dict[str, str]) -> Check:
         "WARN",
         f"{listed}: {len(flavours)} flavours installed at once, one overwrites the other's "
         "files (tf-keras pulls in `tensorflow`; install it with pip install --no-deps)",
+    )
+
+
+ENVIRONMENT_CHECK = "environment variables"
+"""The name of the doctor's line(s) on the variables ``auto_strategy()`` reads."""
+
+
+def environment_checks(environ: Mapping[str, str] | None = None) -> list[Check]:
+    """The variables ``auto_strategy()`` reads, checked as it checks them: one PASS line, or a
+    FAIL line per problem with the message ``auto_strategy()`` raises and ``env`` prints."""
+    from tfdp_utils.strategy._environment_check import CHECKED, check_environment
+
+    problems = check_environment(environ)
+    if not problems:
+        return [Check("versions", ENVIRONMENT_CHECK, "PASS", f"valid: {', '.join(CHECKED)}")]
+    return [
+        Check("versions", f"{ENVIRONMENT_CHECK}: {problem.variable}", "FAIL", problem.message)
+        for problem in problems
+    ]
+
+
+def _skipped_self_tests() -> Check:
+    return Check(
+        "self-tests",
+        "TensorFlow checks",
+        "SKIP",
+        "not run: auto_strategy() refuses this environment (the FAIL above), and the "
+        "self-tests would run TensorFlow under it. Fix or unset that variable, then run "
+        "tfdp-utils doctor again.",
     )
 
 
@@ -261,6 +292,12 @@ def run_doctor(options: DoctorOptions | None = None, *, in_process: bool = False
     """
     options = options or DoctorOptions()
     checks = version_checks()
+    environment = environment_checks()
+    checks += environment
+    if exit_code(environment):
+        # An environment auto_strategy() refuses: say so now, not after TensorFlow's import
+        # (TensorFlow itself fails on a malformed TF_CONFIG, with a raw JSONDecodeError).
+        return [*checks, _skipped_self_tests()]
     if in_process:
         from tfdp_utils.doctor import _checks as doctor_checks
 
@@ -289,7 +326,9 @@ def format_table(checks: Sequence[Check]) -> str:
             section = check.section
             lines += ["", section]
         took = f" ({check.seconds:.1f} s)" if check.seconds is not None else ""
-        lines.append(f"  {check.status:<4}  {check.name:<{width}}  {check.detail}{took}")
+        first, *more = f"{check.detail}{took}".splitlines() or [""]
+        lines.append(f"  {check.status:<4}  {check.name:<{width}}  {first}")
+        lines += [f"  {'':<4}  {'':<{width}}  {line}" for line in more]
     counts = {s: sum(c.status == s for c in checks) for s in ("FAIL", "WARN", "PASS", "SKIP")}
     summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
     verdict = "FAILED" if exit_code(checks) else "OK"

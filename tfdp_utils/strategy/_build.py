@@ -12,7 +12,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tfdp_utils import _variables
@@ -37,13 +37,26 @@ _CACHE: dict[tuple[Any, ...], Any] = {}
 _CACHE_LOCK = threading.Lock()
 
 
-def resolve_cluster_timeout(value: float) -> float:
-    override = os.environ.get(CLUSTER_TIMEOUT_VARIABLE)
+def resolve_cluster_timeout(value: float, environ: Mapping[str, str] | None = None) -> float:
+    """The peer-wait bound in force: the argument, or ``TFDP_CLUSTER_TIMEOUT`` for the default.
+
+    Args:
+        value: seconds, or :data:`DEFAULT_CLUSTER_TIMEOUT` (which the variable replaces).
+        environ: variables to read instead of ``os.environ``. Defaults to `None`.
+
+    Raises:
+        TypeError, ValueError: a bound that is not a positive number of seconds, naming where
+            it came from.
+    """
+    source = os.environ if environ is None else environ
+    override = source.get(CLUSTER_TIMEOUT_VARIABLE, "").strip()
     name = "cluster_timeout"
+    hint = ""
     if override and value == DEFAULT_CLUSTER_TIMEOUT:
         name = CLUSTER_TIMEOUT_VARIABLE
+        hint = f"Set it to e.g. {DEFAULT_CLUSTER_TIMEOUT:g}, or unset it for that default."
         value = env_seconds(name, override, example=DEFAULT_CLUSTER_TIMEOUT)
-    return positive_float(value, name, unit="number of seconds")
+    return positive_float(value, name, unit="number of seconds", hint=hint)
 
 
 def _call_with_timeout(fn: Any, timeout: float, what: str) -> Any:
@@ -141,6 +154,7 @@ def _build_multi_worker(
     cluster_timeout: float,
     collective_timeout: float | None,
     num_gpus: int,
+    called_at: float | None = None,
 ) -> Any:
     from tfdp_utils._tf import tf
 
@@ -158,7 +172,7 @@ def _build_multi_worker(
     if config is not None and config.num_workers > 1:
         # MWMS's constructor waits forever for a missing worker and cannot be interrupted
         # (the call holds the GIL, SIGTERM is ignored), so bound the wait before calling it.
-        wait_for_peers(config, timeout=cluster_timeout)
+        wait_for_peers(config, timeout=cluster_timeout, called_at=called_at)
     options = _communication_options(choice.devices)
     if resolver is None:
         strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
@@ -179,21 +193,36 @@ def _build_multi_worker(
     return strategy
 
 
+def parameter_server_refusal(kind: str, *, keras3: bool, keras_version: str) -> str | None:
+    """Why a ``parameter_server`` choice cannot be built with this Keras, or None. Pure.
+
+    Keras 3's TensorFlow trainer has no ParameterServerStrategy path (tf_keras drives it
+    through a ClusterCoordinator inside ``Model.fit``); ``tfdp-utils env`` asks this too.
+    """
+    if kind != "parameter_server" or not keras3:
+        return None
+    return (
+        f"this is the chief of a parameter-server cluster, but the active Keras is Keras "
+        f"{keras_version}, whose Model.fit cannot train with ParameterServerStrategy. "
+        "Set TF_USE_LEGACY_KERAS=1 (with tf-keras installed: pip install "
+        "'tfdp-utils[legacy]') before TensorFlow is imported to train with tf_keras, or "
+        "remove 'ps' from the cluster to train with MultiWorkerMirroredStrategy."
+    )
+
+
 def _build_parameter_server(
-    choice: StrategyChoice, *, cluster_resolver: Any, cluster_timeout: float, num_gpus: int
+    choice: StrategyChoice,
+    *,
+    cluster_resolver: Any,
+    cluster_timeout: float,
+    num_gpus: int,
+    called_at: float | None = None,
 ) -> Any:
     from tfdp_utils._tf import IS_KERAS3, KERAS_VERSION, tf
 
-    if IS_KERAS3:
-        # Keras 3's TensorFlow trainer has no ParameterServerStrategy path (tf_keras drives
-        # it through a ClusterCoordinator inside Model.fit), so refuse before any network wait.
-        raise ValueError(
-            f"this is the chief of a parameter-server cluster, but the active Keras is Keras "
-            f"{KERAS_VERSION}, whose Model.fit cannot train with ParameterServerStrategy. "
-            "Set TF_USE_LEGACY_KERAS=1 (with tf-keras installed: pip install "
-            "'tfdp-utils[legacy]') before TensorFlow is imported to train with tf_keras, or "
-            "remove 'ps' from the cluster to train with MultiWorkerMirroredStrategy."
-        )
+    refused = parameter_server_refusal(choice.kind, keras3=IS_KERAS3, keras_version=KERAS_VERSION)
+    if refused is not None:
+        raise ValueError(refused)  # before any network wait
     config = choice.cluster
     if cluster_resolver is not None:
         config = config_from_resolver(cluster_resolver)
@@ -204,7 +233,7 @@ def _build_parameter_server(
         if key in _CACHE:
             return _CACHE[key]
     # Connecting to the cluster waits without a bound for servers that never start.
-    wait_for_servers(config, timeout=cluster_timeout)
+    wait_for_servers(config, timeout=cluster_timeout, called_at=called_at)
     resolver = cluster_resolver or _resolver_for(config, num_gpus)
     strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
     with _CACHE_LOCK:
@@ -271,11 +300,13 @@ def build_strategy(
     cluster_timeout: float = DEFAULT_CLUSTER_TIMEOUT,
     collective_timeout: float | None = None,
     num_gpus: int = 0,
+    called_at: float | None = None,
 ) -> Any:
     """Build the ``tf.distribute.Strategy`` for a :class:`StrategyChoice` (not for TPUs).
 
     ``collective_timeout`` here is the resolved bound (None: unbounded); see
-    :func:`auto_strategy`.
+    :func:`auto_strategy`. ``called_at`` is when ``auto_strategy()`` was called
+    (``time.monotonic()``), so a peer wait's timeout error can say how long the call took.
     """
     from tfdp_utils._tf import tf
 
@@ -285,6 +316,7 @@ def build_strategy(
             cluster_resolver=cluster_resolver,
             cluster_timeout=cluster_timeout,
             num_gpus=num_gpus,
+            called_at=called_at,
         )
     if choice.kind == "multi_worker":
         return _build_multi_worker(
@@ -293,6 +325,7 @@ def build_strategy(
             cluster_timeout=cluster_timeout,
             collective_timeout=collective_timeout,
             num_gpus=num_gpus,
+            called_at=called_at,
         )
     if choice.kind == "mirrored":
         # Every MirroredStrategy in a process starts its collective group keys at the same

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -26,20 +27,14 @@ from tfdp_utils.strategy._build import (
     resolve_cluster_timeout,
 )
 from tfdp_utils.strategy._detect import Environment, detect_environment
+from tfdp_utils.strategy._environment_check import check_prefer as _check_prefer
+from tfdp_utils.strategy._environment_check import raise_first_problem
 from tfdp_utils.strategy._faults import DEFAULT_COLLECTIVE_TIMEOUT, resolve_collective_timeout
 from tfdp_utils.strategy._xla import keras_xla
 
 logger = logging.getLogger("tfdp_utils")
 
 StrategyKind = Literal["tpu", "multi_worker", "mirrored", "one_device", "parameter_server"]
-STRATEGY_KINDS: tuple[str, ...] = (
-    "tpu",
-    "multi_worker",
-    "mirrored",
-    "one_device",
-    "parameter_server",
-)
-PREFER_CHOICES: tuple[str, ...] = ("auto", *STRATEGY_KINDS)
 
 
 _CLASS_NAMES = {
@@ -87,16 +82,6 @@ def normalize_device(name: str) -> str:
             "'/device:CPU:1'."
         )
     return f"/device:{kind.upper()}:{int(index)}"
-
-
-def _check_prefer(prefer: str, source: str) -> str:
-    value = prefer.strip().lower() if isinstance(prefer, str) else prefer
-    if value not in PREFER_CHOICES:
-        raise ValueError(
-            f"{source}={prefer!r} is not a strategy choice; expected one of "
-            f"{', '.join(repr(c) for c in PREFER_CHOICES)}."
-        )
-    return str(value)
 
 
 def _restrict(env: Environment, devices: Sequence[str]) -> tuple[str, ...]:
@@ -297,8 +282,11 @@ def auto_strategy(
             of TF_CONFIG / SLURM. Defaults to `None`.
         cross_device_ops: passed to MirroredStrategy. Defaults to `None`.
         probe_timeout: seconds allowed for each TPU probe step. Defaults to `5.0`.
-        cluster_timeout: seconds to wait for every peer of a cluster to start; the variable
-            ``TFDP_CLUSTER_TIMEOUT`` replaces the default. Defaults to `300.0`.
+        cluster_timeout: seconds to wait for every peer of a cluster to start, counted from
+            when this call starts waiting for them: after TensorFlow's import and the device
+            listing inside the call, which can take tens of seconds on their own, so the
+            timeout error says both how long it waited and how long the call had taken. The
+            variable ``TFDP_CLUSTER_TIMEOUT`` replaces the default. Defaults to `300.0`.
         collective_timeout: seconds one TensorFlow call of a multi-worker job may wait (a
             collective whose peer is stuck or gone); past it, the job's collectives are
             aborted and ``fit`` raises ``tf.errors.DeadlineExceededError`` with a message
@@ -316,9 +304,12 @@ def auto_strategy(
         instance for multi-worker and TPU strategies, which TensorFlow allows once per process).
 
     Raises:
-        ValueError: unknown ``prefer`` / ``TFDP_STRATEGY``, unknown devices, malformed TF_CONFIG,
-            a bad ``collective_timeout``, a parameter-server cluster under Keras 3 or on a
-            ``worker`` / ``ps`` task.
+        ValueError: unknown ``prefer``, unknown devices, a bad ``collective_timeout``, a
+            parameter-server cluster under Keras 3 or on a ``worker`` / ``ps`` task; or an
+            environment variable tfdp-utils reads that is malformed (TF_CONFIG, ``SLURM_*``,
+            ``TFDP_STRATEGY``, ``TFDP_*_TIMEOUT``, ``TFDP_SLURM_PORT_BASE``), checked first,
+            before TensorFlow is imported, with the message ``tfdp-utils env`` and ``doctor``
+            print for the same environment.
         ClusterTimeoutError: peers did not start within ``cluster_timeout``.
         TPUProbeError: ``prefer="tpu"`` and the TPU could not be reached.
 
@@ -327,9 +318,12 @@ def auto_strategy(
         >>> with strategy.scope():  # doctest: +SKIP
         ...     model = build_model()
     """
+    called_at = time.monotonic()  # bounds' messages say how long the call took before them
     probe_timeout = positive_float(probe_timeout, "probe_timeout", unit="number of seconds")
     if tpu is not None:
         _validate.text(tpu, "tpu", hint="Pass a TPU name or a 'grpc://host:port' address.")
+    # The same check as `tfdp-utils env` and `doctor`, before TensorFlow is imported.
+    raise_first_problem()
     resolved_collective_timeout = resolve_collective_timeout(collective_timeout)
     cluster_timeout = resolve_cluster_timeout(cluster_timeout)
     env = detect_environment(tpu=tpu)
@@ -367,6 +361,7 @@ def auto_strategy(
             cluster_timeout=cluster_timeout,
             collective_timeout=resolved_collective_timeout,
             num_gpus=len(env.gpus),
+            called_at=called_at,
         )
     if choice.kind == "multi_worker" and choice.cluster is None:
         logger.warning(
@@ -376,8 +371,10 @@ def auto_strategy(
             "to train on several machines."
         )
     from tfdp_utils import compat
+    from tfdp_utils.compat import _changes
 
     compat.apply_for_strategy(strategy)  # the Keras workarounds this strategy needs
+    _changes.guard_exits(applied_by="auto_strategy()")  # a crashed job always ends
     where = ", ".join(choice.devices) or ("the cluster" if choice.cluster else "TPU")
     from tfdp_utils._tf import IS_KERAS3
 

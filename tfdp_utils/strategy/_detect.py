@@ -92,6 +92,16 @@ def _visible(physical: object) -> bool:
     return physical in visible
 
 
+def local_devices() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """``(gpus, cpus, tpus)``: the logical device names of this process, as
+    :func:`detect_environment` lists them (without initialising TensorFlow's runtime)."""
+    return (
+        _logical_names("GPU"),
+        _logical_names("CPU") or ("/device:CPU:0",),
+        _logical_names("TPU"),
+    )
+
+
 def tpu_hint_from(
     environ: Mapping[str, str], tpu: str | None = None
 ) -> tuple[str | None, str | None]:
@@ -133,10 +143,11 @@ def detect_environment(
         text(tpu, "tpu", hint="Pass a TPU name or a 'grpc://host:port' address.")
     hint, address = tpu_hint_from(environ, tpu)
     forced = environ.get(STRATEGY_VARIABLE, "").strip() or None
+    gpus, cpus, tpus = local_devices()
     return Environment(
-        gpus=_logical_names("GPU"),
-        cpus=_logical_names("CPU") or ("/device:CPU:0",),
-        tpus=_logical_names("TPU"),
+        gpus=gpus,
+        cpus=cpus,
+        tpus=tpus,
         tpu_hint=hint,
         tpu_address=address,
         cluster=cluster_from_environment(environ),

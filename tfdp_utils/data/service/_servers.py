@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any
 
-from tfdp_utils._validate import positive_float, positive_int
+from tfdp_utils._validate import directory_path, positive_float, positive_int
 from tfdp_utils._waiting import Deadline, WaitProgress, wait_until
 
 logger = logging.getLogger("tfdp_utils")
@@ -151,6 +151,9 @@ def _serve(server: Any) -> int:
 def _run_dispatcher(args: argparse.Namespace) -> int:
     port = _port(args.port, "--port", allow_any=True)
     host = _host(args.host)
+    if args.work_dir is not None:
+        # TensorFlow would find out only after ~25 s of retries, with a raw error.
+        directory_path(args.work_dir, "--work-dir", example="dispatcher-journal")
     timeout_ms = None
     if args.worker_timeout is not None:
         seconds = positive_float(args.worker_timeout, "--worker-timeout", unit="number of seconds")
