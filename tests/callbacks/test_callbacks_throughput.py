@@ -73,52 +73,31 @@ def make_dataset() -> Any:
 
 
 class StepTimer(keras.callbacks.Callback):  # type: ignore[misc]
-    """An independent clock: host time at each step boundary, by global step.
+    """An independent clock: host time at the end of each batch, by global step.
 
-    On Keras 3 it samples at batch begin and overrides no batch-end hook, so Keras keeps
-    dispatching batch ends asynchronously. On tf_keras (hooks always on the training thread)
-    it samples at batch end, just before the logger's own hook, so both clocks see the
-    logger's summary writes in the same window.
+    It declares itself async safe, so Keras 3 keeps dispatching batch ends off the training
+    thread (as it does for the logger alone); tf_keras calls them on the training thread.
+    Listed before the logger, it samples each step's end just before the logger's own hook.
     """
+
+    async_safe = True
 
     def __init__(self) -> None:
         super().__init__()
-        self.points: list[tuple[int, float]] = []
-        self.boundaries: list[tuple[int, float]] = []  # (first step of an epoch, seconds)
+        self.points: list[tuple[int, float]] = [(0, 0.0)]
+        self.epoch_starts: list[int] = []  # global step at which each epoch began
         self._epoch_start = 0
-        self._ended: float | None = None
-        if not IS_KERAS3:
-            self.on_train_batch_end = self._end
+
+    def on_train_begin(self, logs: Any = None) -> None:
+        self.points = [(0, time.perf_counter())]
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         self._epoch_start = epoch * self.params["steps"]
+        self.epoch_starts.append(self._epoch_start)
 
-    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
-        self._ended = time.perf_counter()
-
-    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
-        now = time.perf_counter()
-        if self._ended is not None:  # an epoch boundary: epoch end to this first step
-            self.boundaries.append((self._epoch_start, now - self._ended))
-            self._ended = None
-        if IS_KERAS3:
-            self.points.append((self._epoch_start + batch, now))
-
-    def boundary_seconds(self, previous: int, step: int) -> float:
-        """Epoch-boundary time inside the timer's span from step ``previous`` to ``step``.
-
-        Keras 3 samples at batch begin (after a boundary), tf_keras at batch end (before it).
-        """
-        if IS_KERAS3:
-            return sum(s for e, s in self.boundaries if previous < e <= step)
-        return sum(s for e, s in self.boundaries if previous <= e < step)
-
-    def _end(self, batch: int, logs: Any = None) -> None:
-        self.points.append((self._epoch_start + batch + 1, time.perf_counter()))
-
-    def on_train_end(self, logs: Any = None) -> None:
-        if IS_KERAS3:
-            self.points.append((EPOCHS * self.params["steps"], time.perf_counter()))
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        step = self._epoch_start + min(batch + 1, self.params["steps"])
+        self.points.append((step, time.perf_counter()))
 
     def time_at(self, step: int) -> float:
         steps = [s for s, _ in self.points]
@@ -127,6 +106,17 @@ class StepTimer(keras.callbacks.Callback):  # type: ignore[misc]
             return self.points[i][1]
         (s0, t0), (s1, t1) = self.points[i - 1], self.points[i]
         return t0 + (t1 - t0) * (step - s0) / (s1 - s0)
+
+    def boundaries(self, previous: int, step: int) -> list[tuple[int, int]]:
+        """The epoch boundaries inside (previous, step]: (last step of the old epoch, end of
+        the new epoch's first batch), as the docs define them."""
+        found = []
+        steps = [s for s, _ in self.points]
+        for start in self.epoch_starts[1:]:
+            first_end = steps[bisect.bisect_right(steps, start)]
+            if previous <= start and first_end <= step:
+                found.append((start, first_end))
+        return found
 
 
 def counted_replica_sizes(strategy: Any) -> list[tuple[int, ...]]:
@@ -208,16 +198,23 @@ def test_logged_rate_agrees_with_an_independent_timer(
     assert len(rates) >= 6
     log_steps = sorted(counts)
     ratios = []
+
+    def examples(first: int, last: int) -> int:
+        return sum(expected_cumulative(sizes, last)) - sum(expected_cumulative(sizes, first))
+
     for step, logged in rates:
         assert step > WARMUP
         previous = log_steps[log_steps.index(step) - 1]
         if step == EPOCHS * 151 and step - previous < EVERY:
             continue  # the short last window at train end (test_every_fit_ends_with_its_total)
-        examples = sum(expected_cumulative(sizes, step)) - sum(expected_cumulative(sizes, previous))
-        # Epoch boundaries are left out of the rates (and logged apart): out of the timer too.
+        # Epoch boundaries (an epoch's last step's end to the end of the next epoch's first
+        # batch) are left out of the rates and logged apart: out of the timer's figure too.
+        trained = examples(previous, step)
         seconds = timer.time_at(step) - timer.time_at(previous)
-        seconds -= timer.boundary_seconds(previous, step)
-        ratios.append(logged / (examples / seconds))
+        for last, first_end in timer.boundaries(previous, step):
+            trained -= examples(last, first_end)
+            seconds -= timer.time_at(first_end) - timer.time_at(last)
+        ratios.append(logged / (trained / seconds))
     assert all(0.9 <= r <= 1.1 for r in ratios), ratios
     summary = logger.summary()
     assert summary["steps_trained"] == EPOCHS * 151
@@ -523,7 +520,8 @@ def test_without_any_strategy(tmp_path: Path) -> None:
 
 
 class EpochBoundaryTimer(keras.callbacks.Callback):  # type: ignore[misc]
-    """A second clock: from each epoch's end (and train begin) to the next first step."""
+    """A second clock over each epoch boundary, as the docs define it: from the end of an
+    epoch's last step (or train begin) to the end of the next epoch's first batch."""
 
     def __init__(self, pause: float = 0.0) -> None:
         super().__init__()
@@ -532,22 +530,22 @@ class EpochBoundaryTimer(keras.callbacks.Callback):  # type: ignore[misc]
     def on_train_begin(self, logs: Any = None) -> None:
         self.started = time.perf_counter()
 
-    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
-        self.started = time.perf_counter()
-        time.sleep(self.pause)  # epoch-end work of a callback listed after the logger
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        if batch + 1 == self.params["steps"]:  # listed after the logger: starts after it
+            self.started = time.perf_counter()
 
-    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
-        if self.started is not None:
-            self.gaps.append(time.perf_counter() - self.started)
-            self.started = None
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        time.sleep(self.pause)  # epoch-end work of a callback
 
     def stopper(self) -> Any:
-        """A callback that stops this clock at the first step; list it before the logger."""
+        """A callback that stops this clock at the first batch's end; list it before the logger."""
         timer = self
 
         class Stop(keras.callbacks.Callback):  # type: ignore[misc]
-            def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
-                timer.on_train_batch_begin(batch, logs)
+            def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+                if batch == 0 and timer.started is not None:
+                    timer.gaps.append(time.perf_counter() - timer.started)
+                    timer.started = None
 
         return Stop()
 
@@ -561,17 +559,17 @@ def test_epoch_starts_are_measured_and_left_out_of_the_rates(tmp_path: Path) -> 
     timer = EpochBoundaryTimer(pause=0.4)
     data = make_dataset().take(50)
     started = time.perf_counter()
-    # The timer after the logger: its epoch-end sleep falls between the logger's epoch end
-    # and the next epoch's first step, as an iterator rebuild does. Its stopper runs before the
-    # logger at the first step, so the second clock's span lies inside the logger's.
+    # The timer after the logger starts after the logger's boundary starts; its stopper runs
+    # before the logger at the first batch's end, so the second clock's span lies inside the
+    # logger's. The epoch-end sleep (in on_epoch_end, after the epoch's last step, as Keras'
+    # iterator rebuild and other callbacks' epoch-end work) is inside both.
     model.fit(data, epochs=4, verbose=0, callbacks=[timer.stopper(), logger, timer])
     wall = time.perf_counter() - started
     summary = logger.summary()
     starts = summary["epoch_start_seconds"]
     assert len(starts) == 4 == len(timer.gaps)
-    # Each epoch start agrees with the second clock (which starts a moment later at train
-    # begin and at an epoch end, and stops a moment earlier at the first step, so the
-    # logger's is at least as long).
+    # Each epoch start agrees with the second clock (which starts a moment later and stops a
+    # moment earlier, so the logger's is at least as long).
     for ours, theirs in zip(starts, timer.gaps, strict=True):
         assert theirs - 0.005 <= ours <= theirs + 0.05, (starts, timer.gaps)
     assert all(s >= 0.4 for s in starts[1:]), starts

@@ -123,3 +123,127 @@ def test_report_on_a_real_logger_run(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert data["runs"][GLOBAL_RUN]["examples"] == 800
     assert data["runs"][GLOBAL_RUN]["windows"] == logger.summary()["windows"]
     assert data["replica_skew"] == pytest.approx(0.0, abs=1e-9)
+
+
+# ------------------------------------------------------------------------ issue 21
+
+
+def one_worker_job(log_dir: Path, *, global_until: int = 16) -> None:
+    """A single-worker job of 2 replicas, 8 examples a step; the global run may end early."""
+    steps = [0, 4, 8, 12, 16]
+    write_run(
+        log_dir,
+        GLOBAL_RUN,
+        {
+            tags.EXAMPLES: [(s, 8.0 * s) for s in steps if s <= global_until],
+            tags.EXAMPLES_PER_SEC: [(s, 800.0) for s in steps[1:] if s <= global_until],
+        },
+    )
+    for k in range(2):
+        write_run(
+            log_dir,
+            replica_run(k),
+            {
+                tags.EXAMPLES: [(s, 4.0 * s) for s in steps],
+                tags.EXAMPLES_PER_SEC: [(s, 400.0) for s in steps[1:]],
+            },
+        )
+
+
+def test_json_counts_one_worker_as_the_table_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    one_worker_job(tmp_path)
+    assert report.main([str(tmp_path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["workers"]["count"] == 1
+    assert data["complete"] is True and data["cut_short"] == {}
+    assert report.main([str(tmp_path)]) == 0
+    assert "workers: 1" in capsys.readouterr().out
+
+
+def test_a_run_that_ends_early_is_marked_cut_short(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    one_worker_job(tmp_path, global_until=8)  # global 64 examples, each replica 64 of 128
+    assert report.main([str(tmp_path)]) == 0
+    table = capsys.readouterr().out
+    row = next(line for line in table.splitlines() if line.startswith(GLOBAL_RUN))
+    assert row.rstrip().endswith("CUT SHORT")
+    assert "CUT SHORT global: ends at step 8 while other runs of the job reach step 16" in table
+    assert report.main([str(tmp_path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["complete"] is False
+    assert list(data["cut_short"]) == [GLOBAL_RUN]
+    assert data["runs"][replica_run(0)]["cut_short"] == []
+
+
+def test_a_truncated_event_file_is_marked_in_table_json_and_plot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    one_worker_job(tmp_path)
+    (events,) = (tmp_path / GLOBAL_RUN).glob("*.tfevents.*")
+    events.write_bytes(events.read_bytes()[:-5])  # the last record cut in the middle
+    png = tmp_path / "plot.png"
+    assert report.main([str(tmp_path / "."), "--json", "--plot", str(png)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    reasons = data["cut_short"][GLOBAL_RUN]
+    assert any("ends in a partial record" in r for r in reasons), reasons
+    assert png.stat().st_size > 5000
+    runs = report.read_runs(str(tmp_path))
+    entry = data["runs"][GLOBAL_RUN]
+    last_rate = runs[GLOBAL_RUN].series[tags.EXAMPLES_PER_SEC][-1][0]
+    assert last_rate == 12  # the cut record held the rate at step 16
+    label = report.legend_label(GLOBAL_RUN, entry, last_rate)
+    assert label == "global (CUT SHORT at step 12)"
+
+
+def test_counts_that_disagree_with_the_replicas_are_marked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_run(tmp_path, GLOBAL_RUN, {tags.EXAMPLES: [(0, 0.0), (8, 64.0)]})
+    write_run(tmp_path, replica_run(0), {tags.EXAMPLES: [(0, 0.0), (8, 64.0)]})
+    write_run(tmp_path, replica_run(1), {tags.EXAMPLES: [(0, 0.0), (8, 64.0)]})
+    assert report.main([str(tmp_path)]) == 0
+    assert "counts 64 examples at step 8 but its replica runs add up to 128" in (
+        capsys.readouterr().out
+    )
+
+
+@pytest.mark.parametrize(
+    ("plot", "says"),
+    [
+        pytest.param("missing/dir/out.png", "does not exist", id="missing-directory"),
+        pytest.param(".", "is a directory", id="a-directory"),
+        pytest.param("out.jpg", "does not end in .png", id="not-png"),
+    ],
+)
+def test_a_bad_plot_path_is_one_line_and_exit_2_before_reading(
+    plot: str, says: str, log_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = str(tmp_path / plot)
+    for logdir in (str(log_dir), str(tmp_path / "no-such-logdir")):  # checked before reading
+        assert report.main([logdir, "--plot", path]) == 2
+        out, err = capsys.readouterr()
+        assert out == ""
+        assert err.count("\n") == 1 and says in err, err
+
+
+def test_a_closed_pipe_ends_quietly(log_dir: Path) -> None:
+    # `| true` closes the pipe before report writes: every write then fails with EPIPE.
+    import shlex
+    import subprocess
+    import sys
+
+    command = (
+        f"{shlex.quote(sys.executable)} -m tfdp_utils.cli report {shlex.quote(str(log_dir))} | true"
+    )
+    result = subprocess.run(
+        ["bash", "-c", "set -o pipefail; " + command],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.stderr == "", result.stderr
+    assert result.returncode == 0

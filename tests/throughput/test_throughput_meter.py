@@ -154,3 +154,29 @@ def test_window_plan_keeps_given_values() -> None:
     assert window_plan(20, log_every_n_steps=7) == (7, 2)
     assert window_plan(20, warmup_steps=0) == (2, 0)
     assert window_plan(None, log_every_n_steps=3, warmup_steps=4) == (3, 4)
+
+
+def test_excluded_steps_and_examples_leave_the_window_and_the_total() -> None:
+    # Steps 0..10 warm up; 10..20 measured; an epoch boundary's first step (20..21, 16
+    # examples) whose time the caller's clock left out; 21..30 measured.
+    meter = ThroughputMeter(num_replicas=2, warmup_steps=10)
+    meter.update(step=0, time=0.0, replica_examples=[0, 0])
+    meter.update(step=10, time=1.0, replica_examples=[80, 80])
+    first = meter.update(step=20, time=2.0, replica_examples=[160, 160])
+    meter.exclude(steps=1, replica_examples=[8, 8])
+    second = meter.update(step=30, time=2.9, replica_examples=[240, 240])
+    assert first is not None and second is not None
+    assert (second.step, second.steps, second.examples) == (30, 9, 480)  # axis and counts as given
+    assert second.examples_per_sec == pytest.approx(9 * 16 / 0.9)
+    summary = meter.summary()
+    assert summary["measured_steps"] == 19
+    assert summary["examples_per_sec"] == pytest.approx(19 * 16 / 1.9)
+    assert summary["examples"] == 480
+
+
+def test_a_window_of_excluded_steps_only_is_no_window() -> None:
+    meter = ThroughputMeter(warmup_steps=0)
+    meter.update(step=0, time=0.0, replica_examples=[0])
+    meter.exclude(steps=2, replica_examples=[16])
+    assert meter.update(step=2, time=0.5, replica_examples=[16]) is None
+    assert meter.windows == 0

@@ -135,3 +135,15 @@ def test_a_job_layout_charts_only_what_it_writes() -> None:
 def test_step_unit_says_what_a_step_is() -> None:
     assert tags.step_unit(1) == "optimizer steps"
     assert tags.step_unit(4).startswith("micro-batches (gradient accumulation: 4 per optimizer")
+
+
+def test_the_counts_note_reads_back() -> None:
+    from tfdp_utils.throughput import _tags as schema
+
+    exact = schema.counts_note(exact=True, source="the builder dataset")
+    derived = schema.counts_note(exact=False, source="x", reason="partial steps unseen")
+    assert schema.parse_counts_note(exact) == (True, "the builder dataset")
+    assert schema.parse_counts_note(derived) == (False, "partial steps unseen")
+    assert schema.parse_counts_note("something else") is None
+    text = schema.count_origin(exact=False, source="global_batch_size=8", reason="unseen")
+    assert text.startswith("Derived count") and text.endswith("Not exact: unseen.")

@@ -82,6 +82,16 @@ class RunWriters:
         summary = summary_pb2.Summary(value=[value_pb])
         writer.add_event(event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary))
 
+    def text(self, run: str, tag: str, text: str, step: int, description: str) -> None:
+        """Write ``text`` under ``tag`` at ``step`` into ``run`` as the text plugin's summary."""
+        writer = self._writers.get(run)
+        if writer is None:
+            return
+        from tensorboard.plugins.text import summary_v2 as text_summary
+
+        summary = text_summary.text_pb(tag, text, description=description)
+        writer.add_event(event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary))
+
     def layout(self, run: str, categories: Sequence[Category]) -> None:
         """Write the custom-scalars dashboard ``categories`` into ``run`` (which must be open)."""
         from tensorboard.plugins.custom_scalar import layout_pb2

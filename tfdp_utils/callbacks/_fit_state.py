@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -72,11 +73,47 @@ class Placement:
 
 
 class FitData:
-    """What the current ``fit`` trains on: the builder's info, or what kind of data it is."""
+    """What the current ``fit`` trains on: the builder's info, or what kind of data it is.
+
+    Attributes:
+        info: the builder's :class:`~tfdp_utils.data._info.DatasetInfo`, or None.
+        kind: ``"a <type name>"``, for messages.
+        static_batch: for a plain ``tf.data.Dataset`` whose every element has the same static
+            first dimension (batched with ``drop_remainder=True``), that batch size; else None.
+    """
 
     def __init__(self, x: Any) -> None:
         self.info = dataset_info.info_of(x)
         self.kind = f"a {type(x).__name__}"
+        self.static_batch = static_batch_size(x) if self.info is None else None
+
+
+def static_batch_size(data: Any) -> int | None:
+    """The examples in every element of a plain ``tf.data.Dataset``, when its spec fixes them."""
+    if not isinstance(data, tf.data.Dataset):
+        return None
+    sizes = set()
+    for spec in tf.nest.flatten(data.element_spec):
+        shape = getattr(spec, "shape", None)
+        if shape is None or shape.rank is None or shape.rank == 0:
+            return None
+        sizes.add(shape[0])
+    return sizes.pop() if len(sizes) == 1 and None not in sizes else None
+
+
+def called_from_fit(model: Any) -> bool:
+    """Whether a ``fit`` method of ``model`` is on the call stack (the logger's hook runs in it).
+
+    Only to word an error: the data comes from :mod:`tfdp_utils.compat._fit_binding`.
+    """
+    frame: Any = sys._getframe(1)
+    for _ in range(200):
+        if frame is None:
+            return False
+        if frame.f_code.co_name == "fit" and frame.f_locals.get("self") is model:
+            return True
+        frame = frame.f_back
+    return False
 
 
 @dataclasses.dataclass
@@ -90,10 +127,18 @@ class FitState:
     log_every_n_steps: int
     warmup_steps: int
     accumulation_steps: int = 1  # batches per optimizer update (gradient accumulation)
-    next_check: int = UNBOUNDED
+    next_check: int = UNBOUNDED  # min(next_log, epoch_last): the batch-end hook's one comparison
+    next_log: int = UNBOUNDED  # the next log point
+    epoch_last: int = UNBOUNDED  # the step that ends this epoch, when fit knows its length
     steps_in_epoch: int = UNBOUNDED
     written_step: int = -1  # the step of the last counts written
     last_window: ThroughputWindow | None = None
     last_spread: tuple[float, float, float] | None = None
     peak_memory: dict[int, int] = dataclasses.field(default_factory=dict)
     epoch_starts: list[float] = dataclasses.field(default_factory=list)
+    exact: bool = True  # whether the counts are exact
+    derived_reason: str | None = None  # why they are not
+    # (step, counts) where the current epoch boundary began: its steps are left out of rates.
+    boundary_from: tuple[int, tuple[int, ...]] = (0, ())
+    validation_started: float | None = None  # host time of on_test_begin
+    validation_in_boundary: float = 0.0  # validation seconds inside the epoch boundary

@@ -13,9 +13,12 @@ clock :mod:`tfdp_utils.callbacks._fit_state`'s, and the event files are written 
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import math
 import os
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,23 +31,26 @@ from tfdp_utils.callbacks._fit_state import (
     FitData,
     FitState,
     Placement,
+    called_from_fit,
     local_devices,
     memory_devices,
     tf_config_has_several_workers,
 )
 from tfdp_utils.cluster import _topology as topology
 from tfdp_utils.compat import _fit_binding as fit_binding
+from tfdp_utils.compat._switch import disabled as keras_patches_disabled
 from tfdp_utils.data import _info as dataset_info
 from tfdp_utils.data._info import DatasetInfo
 from tfdp_utils.throughput import _tags as tags
 from tfdp_utils.throughput._clock import PausableClock
-from tfdp_utils.throughput._counts import ExampleCounter
+from tfdp_utils.throughput._counts import ExampleCounter, even_split
 from tfdp_utils.throughput._meter import ThroughputMeter, ThroughputWindow, spread, window_plan
 from tfdp_utils.throughput._tags import GLOBAL_RUN, replica_run, worker_run
 from tfdp_utils.training import _accumulation as accumulation
 
 _Callback: Any = keras.callbacks.Callback
 _EPOCH_START = "epoch_start"
+logger = logging.getLogger("tfdp_utils")
 
 
 class ThroughputLogger(_Callback):  # type: ignore[misc]
@@ -69,14 +75,19 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
     :func:`tfdp_utils.enable_gradient_accumulation`) the micro-batches, k per update, so that
     examples stay exact; ``steps_per_sec`` then counts micro-batches and says so, and
     ``summary()`` adds ``updates_per_sec``. Rates cover windows of
-    ``log_every_n_steps`` steps after ``warmup_steps`` warm-up steps; time spent in
-    validation during ``fit`` is left out. Every ``fit`` ends with a last point at its final
-    step: the exact counts, and the rate of the last (possibly shorter) window after warm-up.
-    Counts come, in this order, from ``dataset``, from ``global_batch_size``, or from the
-    dataset built by :func:`tfdp_utils.build_distributed_dataset` that this ``fit`` call
-    trains on (its ``x``; exact per-replica counts, partial batches included). When none of
-    them applies, ``fit`` fails before the first step with a message naming ``dataset=`` and
-    ``global_batch_size=``.
+    ``log_every_n_steps`` steps after ``warmup_steps`` warm-up steps; validation during
+    ``fit`` and each epoch boundary (from the end of an epoch's last step to the end of the
+    next epoch's first batch, whose examples are left out too) are left out. Every ``fit``
+    ends with a last point at its final step: the exact counts, and the rate of the last
+    (possibly shorter) window after warm-up.
+    Counts come, in this order, from ``dataset``, from the dataset built by
+    :func:`tfdp_utils.build_distributed_dataset` that this ``fit`` call trains on (its ``x``;
+    exact per-replica counts, partial batches included), or from ``global_batch_size``. Each
+    given figure is checked against what ``fit`` trains on before the first step. Counts that
+    are derived rather than exact say so: a WARNING once per ``fit``, a ``throughput/counts``
+    text in every run, ``summary()["exact"]`` False with ``summary()["derived_reason"]``.
+    When nothing says how many examples a step holds, ``fit`` fails before the first step
+    with a message saying why and naming ``dataset=`` and ``global_batch_size=``.
 
     Args:
         log_dir: directory for the TensorBoard runs (local path or any ``tf.io.gfile`` URL).
@@ -105,7 +116,10 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
             ``dataset``).
         ValueError: for non-positive ``log_every_n_steps`` or ``global_batch_size``,
             negative ``warmup_steps``, or inconsistent FLOPs arguments. At train begin: no
-            way to count examples, or a dataset built for another number of replicas.
+            way to count examples, a dataset built for another number of replicas, a
+            ``global_batch_size`` that disagrees with the data ``fit`` trains on or does not
+            split evenly over the replicas, or a ``dataset`` that is not the one ``fit`` trains
+            on.
         OSError: at train begin, when ``log_dir`` cannot be created or written.
 
     Examples:
@@ -228,6 +242,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
             )
         placement = self._place(model)
         counting = self._count_source(placement)
+        exact, derived_reason = self._exactness(counting[0], counting[1])
         self._writers.open(self._run_names(placement.position))
         origin = self._read_step()
         counter = ExampleCounter(
@@ -256,10 +271,23 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
             every,
             warmup,
             accumulation_steps=accumulation.accumulation_steps(model),
+            exact=exact,
+            derived_reason=derived_reason,
         )
         meter.update(step=origin, time=fit.clock.now(), replica_examples=counter.counts)
-        fit.next_check = origin + (warmup or every)
+        fit.next_log = fit.next_check = origin + (warmup or every)
         self._fit = fit
+        if derived_reason is not None:
+            logger.warning(
+                "tfdp_utils: ThroughputLogger's example counts (and examples/s) in this fit are "
+                "derived, not exact: %s. summary()['exact'] is False and the TensorBoard runs "
+                "say so (%s).",
+                derived_reason,
+                tags.COUNTS,
+            )
+        note = tags.counts_note(exact=exact, source=counter.source, reason=derived_reason)
+        for run in self._run_names(placement.position):
+            self._writers.text(run, tags.COUNTS, note, origin, tags.COUNTS_DESCRIPTION)
         if placement.position.is_chief:
             mfu = self.flops_per_example is not None and self.peak_flops_per_replica is not None
             job = tags.layout(
@@ -271,8 +299,8 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         # The starting count; also pays the first summary write's one-off setup cost here
         # instead of inside the first measured window.
         self._write_counts(fit, origin)
-        # From here to the first step is the first epoch's start (tf_keras builds the
-        # iterator now).
+        # From here to the end of the first step is the first epoch's start (tf_keras builds
+        # the iterator now; the first step traces).
         self._start_epoch_boundary(fit)
 
     def _planned_steps(self) -> int | None:
@@ -282,31 +310,53 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
             return None
         return int(steps) * int(epochs)
 
+    # An epoch boundary lasts from the end of an epoch's last step (where fit knows the
+    # epoch's length; else from on_epoch_end) to the end of the next epoch's first step: Keras
+    # syncs the metrics and rebuilds the iterator, callbacks do their epoch-end work, and the
+    # first step waits for the rebuilt input pipeline's first batch. The clock stands still
+    # over it, and the meter leaves the first step's examples out, so every window measures
+    # steady training. The batch-end hook meets a boundary's ends through ``next_check``, so
+    # a step that is no log point still costs one comparison.
+
     def _start_epoch_boundary(self, fit: FitState) -> None:
-        """Stop the clock until the next step begins.
-
-        The batch-begin hook is this instance's only while a boundary lasts: every other step
-        Keras calls the base class's empty one, so measuring epoch starts costs nothing per
-        step.
-        """
-        fit.clock.pause(_EPOCH_START)
-        self.on_train_batch_begin = self._end_epoch_boundary
-
-    def _end_epoch_boundary(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
-        self.__dict__.pop("on_train_batch_begin", None)
-        fit = self._fit
-        if fit is None or not fit.clock.held(_EPOCH_START):
+        """Stop the clock (once per boundary) and note where the counters stand."""
+        if fit.clock.held(_EPOCH_START):
             return
-        with self._lock:
-            seconds = fit.clock.resume(_EPOCH_START)
-            fit.epoch_starts.append(seconds)
-            if fit.placement.position.is_chief:
-                self._put(GLOBAL_RUN, tags.EPOCH_START_SECONDS, seconds, fit.counter.epoch_start)
+        fit.clock.pause(_EPOCH_START)
+        fit.boundary_from = (fit.counter.counted_step, tuple(fit.counter.counts))
+
+    def _end_epoch_boundary(self, fit: FitState) -> None:
+        """The epoch's first step has ended: leave it out of the rates, restart the clock."""
+        step = self._read_step()
+        fit.counter.count_to(step)
+        from_step, from_counts = fit.boundary_from
+        fit.meter.exclude(
+            steps=step - from_step,
+            replica_examples=[c - f for c, f in zip(fit.counter.counts, from_counts, strict=True)],
+        )
+        # Validation inside the boundary is left out of every rate too, but is no part of the
+        # epoch's start.
+        seconds = max(0.0, fit.clock.resume(_EPOCH_START) - fit.validation_in_boundary)
+        fit.validation_in_boundary = 0.0
+        fit.epoch_starts.append(seconds)
+        if fit.placement.position.is_chief:
+            self._put(GLOBAL_RUN, tags.EPOCH_START_SECONDS, seconds, fit.counter.epoch_start)
 
     def on_epoch_begin(self, epoch: int, logs: Mapping[str, Any] | None = None) -> None:
         steps = (getattr(self, "params", None) or {}).get("steps")
-        if self._fit is not None:
-            self._fit.steps_in_epoch = int(steps) if steps else UNBOUNDED
+        fit = self._fit
+        if fit is None:
+            return
+        with self._lock:
+            fit.steps_in_epoch = int(steps) if steps else UNBOUNDED
+            start = fit.counter.epoch_start
+            fit.epoch_last = start + fit.steps_in_epoch if steps else UNBOUNDED
+            self._schedule(fit)
+
+    def _schedule(self, fit: FitState) -> None:
+        """The step at which the batch-end hook next has work: a log point or a boundary end."""
+        boundary_end = fit.counter.epoch_start + 1 if fit.clock.held(_EPOCH_START) else UNBOUNDED
+        fit.next_check = min(fit.next_log, fit.epoch_last, boundary_end)
 
     def on_train_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
         # Runs every step (off the training thread on Keras 3): integers only until a log point.
@@ -319,21 +369,33 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         if estimate < fit.next_check:
             return
         with self._lock:
-            if self._fit is fit and estimate >= fit.next_check:
+            if self._fit is not fit or estimate < fit.next_check:
+                return
+            if fit.clock.held(_EPOCH_START):
+                self._end_epoch_boundary(fit)
+            if estimate >= fit.next_log:
                 self._log_point(fit, estimate)
+            if estimate >= fit.epoch_last:
+                # The epoch's last step: read the step first, so that the clock stops once the
+                # device has finished the epoch's steps, not when the host dispatched the last.
+                fit.counter.count_to(self._read_step())
+                self._start_epoch_boundary(fit)
+                fit.epoch_last = UNBOUNDED
+            self._schedule(fit)
 
     def on_epoch_end(self, epoch: int, logs: Mapping[str, Any] | None = None) -> None:
         fit = self._fit
         if fit is None:
             return
         with self._lock:
-            # The epoch boundary starts here and lasts until the next epoch's first step.
-            self._start_epoch_boundary(fit)
             # Keras has just synced the epoch's logs; one more read here costs nothing and
             # keeps the next epoch's host-side step estimate and example positions exact.
             step = self._read_step()
             fit.counter.count_to(step)
+            self._start_epoch_boundary(fit)  # already started at the last step, if known
             fit.counter.end_epoch(step)
+            fit.epoch_last = UNBOUNDED
+            self._schedule(fit)
             self._writers.flush()
 
     def on_test_begin(self, logs: Mapping[str, Any] | None = None) -> None:
@@ -341,18 +403,21 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         if fit is not None:
             with self._lock:
                 fit.clock.pause("validation")
+                fit.validation_started = time.perf_counter()
 
     def on_test_end(self, logs: Mapping[str, Any] | None = None) -> None:
         fit = self._fit
         if fit is not None:
             with self._lock:
                 fit.clock.resume("validation")
+                started, fit.validation_started = fit.validation_started, None
+                if started is not None and fit.clock.held(_EPOCH_START):
+                    fit.validation_in_boundary += time.perf_counter() - started
 
     def on_train_end(self, logs: Mapping[str, Any] | None = None) -> None:
         fit = self._fit
         if fit is None:
             return
-        self.__dict__.pop("on_train_batch_begin", None)  # the last epoch's boundary
         with self._lock:
             self._fit = None
             final = self._read_step()
@@ -394,7 +459,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         window = fit.meter.update(step=step, time=now, replica_examples=fit.counter.counts)
         # From the host-side estimate, not the read step, so every worker takes the same
         # log points (their collectives must match).
-        fit.next_check = estimate + fit.log_every_n_steps
+        fit.next_log = estimate + fit.log_every_n_steps
         if not was_warm:
             self._write_counts(fit, step)
             return
@@ -439,39 +504,47 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
     def _count_source(self, placement: Placement) -> tuple[DatasetInfo | None, str]:
         """The dataset layout to count with, and where it comes from, in words.
 
-        In order: ``dataset=``, ``global_batch_size=``, the builder dataset this ``fit``
-        trains on. Raises before the first step when none of them says how many examples a
-        step holds.
+        In order: ``dataset=``, the builder dataset this ``fit`` trains on, ``global_batch_size=``.
+        Each given figure is checked against what ``fit`` trains on where the logger can see
+        it. Raises before the first step when a figure disagrees with the data, or when
+        nothing says how many examples a step holds.
         """
+        data = self._fit_data
+        fit_info = None if data is None else data.info
         info = self._given_info
-        source = "the DatasetInfo passed as dataset="
-        if info is None and self.global_batch_size is None:
-            data = self._fit_data
-            info = None if data is None else data.info
-            source = "the dataset built by build_distributed_dataset that fit trains on"
-            if info is None:
-                hooked = fit_binding.installed()
-                if data is not None:
-                    received = (
-                        f"fit trains on {data.kind}, which is not a dataset from "
-                        "tfdp_utils.build_distributed_dataset"
-                    )
-                elif hooked:
-                    received = "ThroughputLogger runs outside Model.fit, so it cannot see the data"
-                else:
-                    received = (
-                        "Keras' Model.fit is not wrapped (TFDP_NO_KERAS_PATCHES=1 turns that "
-                        "off), so ThroughputLogger cannot see the data fit trains on"
-                    )
+        if info is not None:
+            if fit_info is not None and fit_info != info:
+                raise ValueError(self._other_dataset_message(info, fit_info))
+            source = "the DatasetInfo passed as dataset="
+        elif fit_info is not None:
+            if self.global_batch_size is not None and (
+                self.global_batch_size != fit_info.global_batch_size
+            ):
                 raise ValueError(
-                    f"ThroughputLogger cannot count examples: {received}, and no "
-                    "global_batch_size= or dataset= was given. Pass ThroughputLogger(..., "
-                    "dataset=<the builder dataset>) for exact counts, or "
-                    "global_batch_size=<examples per step over all replicas>"
-                    + (", or train on a dataset from build_distributed_dataset." if hooked else ".")
+                    f"ThroughputLogger(global_batch_size={self.global_batch_size}) disagrees "
+                    "with the dataset fit trains on: build_distributed_dataset built it with "
+                    f"{fit_info.global_batch_size} examples per step "
+                    f"({fit_info.per_replica_batch_size} per replica on "
+                    f"{fit_info.num_replicas_in_sync}), so every count would be off. Pass no "
+                    "global_batch_size= (the logger counts from that dataset, partial steps "
+                    f"included), or global_batch_size={fit_info.global_batch_size}."
                 )
-        if info is None:
-            return None, "global_batch_size, split evenly over the replicas"
+            info = fit_info
+            source = "the dataset built by build_distributed_dataset that fit trains on"
+        elif self.global_batch_size is not None:
+            self._check_global_batch(self.global_batch_size, placement, data)
+            return None, (
+                f"global_batch_size={self.global_batch_size}, split evenly over the replicas "
+                "(the first taking any remainder, as tf.distribute splits a batch)"
+            )
+        else:
+            raise ValueError(
+                f"ThroughputLogger cannot count examples: {self._why_no_data(data)}, and no "
+                "global_batch_size= or dataset= was given. Pass ThroughputLogger(..., "
+                "global_batch_size=<examples per step over all replicas>), or dataset=<a "
+                "dataset from build_distributed_dataset>, or train on a dataset from "
+                "build_distributed_dataset (fit hands it to the logger: exact counts)."
+            )
         if info.num_replicas_in_sync != placement.num_replicas:
             raise ValueError(
                 f"The dataset was built for {info.num_replicas_in_sync} replicas but the "
@@ -480,6 +553,92 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
                 "Build the dataset under the strategy the model was created in."
             )
         return info, source
+
+    def _why_no_data(self, data: FitData | None) -> str:
+        """Why no data says how many examples a step holds, true for every way in."""
+        if data is not None:
+            return (
+                f"fit trains on {data.kind}, which is not a dataset from "
+                "tfdp_utils.build_distributed_dataset"
+            )
+        if not fit_binding.installed():
+            if keras_patches_disabled():
+                return (
+                    "TFDP_NO_KERAS_PATCHES=1 keeps Keras' Model.fit unwrapped, so fit does not "
+                    "hand ThroughputLogger the data it trains on"
+                )
+            return (
+                "Keras' Model.fit is not wrapped (tfdp_utils.compat.undo() removed the "
+                "wrapper), so fit does not hand ThroughputLogger the data it trains on"
+            )
+        if called_from_fit(self.model):
+            return (
+                "this fit call started before Keras' Model.fit was wrapped to hand its data "
+                "to callbacks (ThroughputLogger wraps it when it is created, too late for a "
+                "fit call that creates the logger in its own arguments; create the logger "
+                "before calling fit), so it did not see the data"
+            )
+        return (
+            "its hooks run outside Model.fit (e.g. a custom training loop calls them), so no "
+            "fit call hands it the data"
+        )
+
+    @staticmethod
+    def _check_global_batch(global_batch: int, placement: Placement, data: FitData | None) -> None:
+        """``global_batch_size=`` against the replicas and a batch size the data fixes."""
+        if (
+            data is not None
+            and data.static_batch is not None
+            and data.static_batch != (global_batch)
+        ):
+            raise ValueError(
+                f"ThroughputLogger(global_batch_size={global_batch}) disagrees with the "
+                f"dataset fit trains on: {data.kind} whose every element holds "
+                f"{data.static_batch} examples (its element_spec), so every count would be "
+                f"off. Pass global_batch_size={data.static_batch}."
+            )
+        replicas = placement.num_replicas
+        if global_batch % replicas:
+            low = global_batch - global_batch % replicas
+            shares = sorted(set(even_split(global_batch, replicas)), reverse=True)
+            raise ValueError(
+                f"ThroughputLogger(global_batch_size={global_batch}) is not divisible by the "
+                f"{replicas} replicas in sync of {type(placement.strategy).__name__}: "
+                f"tf.distribute would give them {' and '.join(map(str, shares))} examples per "
+                "step, which Keras' step cannot sum (Keras 3 fails inside it). Use a multiple of "
+                f"{replicas} (e.g. {max(low, replicas)} or {low + replicas}) as the batch size "
+                "of the dataset and here, or build the dataset with "
+                "tdu.build_distributed_dataset, which checks it."
+            )
+
+    @staticmethod
+    def _other_dataset_message(given: DatasetInfo, trained: DatasetInfo) -> str:
+        differ = [
+            f"{field.name} {getattr(given, field.name)!r} vs {getattr(trained, field.name)!r}"
+            for field in dataclasses.fields(DatasetInfo)
+            if getattr(given, field.name) != getattr(trained, field.name)
+        ]
+        return (
+            "ThroughputLogger(dataset=...) describes another dataset than the one fit trains "
+            f"on ({'; '.join(differ)}: given vs trained on), so its counts would be those of "
+            "the other dataset. Pass no dataset= (fit hands the logger the builder dataset it "
+            "trains on), or the dataset you pass to fit."
+        )
+
+    def _exactness(self, info: DatasetInfo | None, source: str) -> tuple[bool, str | None]:
+        """Whether this fit's counts are exact, and if not, why (for the warning and marker)."""
+        if info is not None:
+            reason = info.derived_reason()
+            return reason is None, reason
+        data = self._fit_data
+        if data is not None and data.static_batch == self.global_batch_size:
+            return True, None
+        what = "the data fit trains on" if data is None else data.kind
+        return False, (
+            f"every step is counted as {source}; the logger cannot check the batches of "
+            f"{what}, so a partial last batch is counted as full (a dataset from "
+            "build_distributed_dataset gives exact counts)"
+        )
 
     def _gather_worker_rates(self, fit: FitState, local_rate: float) -> list[float] | None:
         position = fit.placement.position
@@ -502,8 +661,9 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
     def _write_counts(self, fit: FitState, step: int) -> None:
         counter = fit.counter
         fit.written_step = step
-        exact = counter.info is not None and counter.info.exact
-        counted = tags.count_origin(exact=exact, source=counter.source)
+        counted = tags.count_origin(
+            exact=fit.exact, source=counter.source, reason=fit.derived_reason
+        )
         if fit.placement.position.is_chief:
             self._put(GLOBAL_RUN, tags.EXAMPLES, sum(counter.counts), step, counted=counted)
         if self.per_replica:
@@ -555,7 +715,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
 
     def _write_replicas(self, fit: FitState, window: ThroughputWindow, timing: str) -> None:
         info = fit.counter.info
-        exactness = tags.replica_split(exact=info is not None and info.exact)
+        exactness = tags.replica_split(exact=info is not None and fit.exact)
         for k in fit.placement.position.local_replicas:
             run = replica_run(k)
             rate = window.replica_examples_per_sec[k]
@@ -595,6 +755,8 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
             is_chief=position.is_chief,
             local_replicas=list(position.local_replicas),
             count_source=fit.counter.source,
+            exact=fit.exact,
+            derived_reason=fit.derived_reason,
             log_dir=self.log_dir,
         )
         last = fit.last_window
@@ -623,6 +785,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         ``replica_examples_per_sec`` (over all windows after warm-up; absent when no window
         completed), ``measured_steps``, ``measured_seconds``, ``windows``, ``step``,
         ``num_replicas``, ``num_workers``, ``worker``, ``is_chief``, ``count_source``,
+        ``exact`` (whether the counts are exact) and ``derived_reason`` (why not, else None),
         ``log_every_n_steps`` and ``warmup_steps`` (as used in that fit),
         ``epoch_start_seconds`` (each epoch's start, left out of the rates), and
         ``flops_per_sec`` / ``mfu`` / ``worker_steps_per_sec`` / ``peak_memory_bytes``

@@ -44,6 +44,9 @@ class DatasetInfo:
             False when the builder cannot know: an epoch of unknown size ends in a partial
             step it cannot see, or a source function batches by itself; the counts then take
             every step as full.
+        inexact_reason: why ``exact`` is False, in words, where the builder says (e.g. the
+            tf.data service's ``distributed_epoch`` mode); empty otherwise, and
+            :meth:`derived_reason` then words it from the other fields.
     """
 
     global_batch_size: int
@@ -56,6 +59,20 @@ class DatasetInfo:
     tail: tuple[tuple[int, ...], ...] = ()
     repeat: bool = False
     exact: bool = True
+    inexact_reason: str = ""
+
+    def derived_reason(self) -> str | None:
+        """Why counts taken from this info are derived rather than exact; None when exact."""
+        if self.exact:
+            return None
+        if self.inexact_reason:
+            return self.inexact_reason
+        return (
+            "the builder cannot see where each epoch of this dataset ends or what its last "
+            "step holds (a source of unknown size, a source function that batches by itself, "
+            "or the tf.data service's distributed_epoch mode), so every step is counted as "
+            f"{self.global_batch_size} examples and a partial last step is over-counted"
+        )
 
     def examples_in_step(self, step_in_epoch: int) -> tuple[int, ...]:
         """Examples each replica (by global replica id) receives in step ``step_in_epoch``.

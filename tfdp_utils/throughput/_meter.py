@@ -23,7 +23,8 @@ class ThroughputWindow:
 
     Attributes:
         step: the step count at the end of the window (e.g. the optimizer's iterations).
-        steps: steps in the window.
+        steps: steps measured in the window (steps left out by :meth:`ThroughputMeter.exclude`
+            are not).
         seconds: wall-clock seconds the window covers.
         examples: cumulative examples trained at ``step``, warm-up included.
         replica_examples: cumulative examples per replica at ``step`` (by replica id).
@@ -51,6 +52,10 @@ def _optional_positive(value: Any, name: str) -> float | None:
     return None if value is None else positive_float(value, name, hint="Or pass None.")
 
 
+_Point = tuple[int, float, tuple[int, ...], int, tuple[int, ...]]
+"""(step, time, examples, measured steps, measured examples) at one update."""
+
+
 class ThroughputMeter:
     """Turns cumulative step / example counters and a clock into windowed rates.
 
@@ -59,7 +64,9 @@ class ThroughputMeter:
     The rates it returns cover the window since the previous update. Updates before
     ``warmup_steps`` steps past the first update's step are warm-up: they return None,
     and the first update at or past the end of warm-up only sets the start of the first
-    window. :meth:`summary` gives the rates over all windows together.
+    window. :meth:`summary` gives the rates over all windows together. Steps whose time the
+    caller's clock leaves out (e.g. each epoch's first step, which waits for a rebuilt input
+    pipeline) are left out of the rates with :meth:`exclude`.
 
     Args:
         num_replicas: replicas whose examples are counted separately. Defaults to `1`.
@@ -115,10 +122,40 @@ class ThroughputMeter:
     def reset(self) -> None:
         """Forget every update (e.g. at the start of another ``fit``)."""
         self._origin_step: int | None = None
-        self._start: tuple[int, float, tuple[int, ...]] | None = None
-        self._last: tuple[int, float, tuple[int, ...]] | None = None
+        # Points are (step, time, examples, measured steps, measured examples): the counters
+        # as given, and the same minus what exclude() left out (for the rates).
+        self._start: _Point | None = None
+        self._last: _Point | None = None
         self._latest_examples: tuple[int, ...] = (0,) * self.num_replicas
         self._windows = 0
+        self._excluded_steps = 0
+        self._excluded_examples: tuple[int, ...] = (0,) * self.num_replicas
+
+    def exclude(self, *, steps: int, replica_examples: Sequence[int]) -> None:
+        """Leave ``steps`` steps and the examples they trained out of every later rate.
+
+        For a span whose time the caller's clock already leaves out: the counters passed to
+        later updates still include these steps and examples; the meter takes them off the
+        window they fall in (and the totals). Call it after the span, before the next update.
+
+        Args:
+            steps: steps in the span (>= 0).
+            replica_examples: examples each replica trained in the span (each >= 0).
+
+        Raises:
+            ValueError: for negative figures or the wrong number of replicas.
+        """
+        counts = tuple(int(x) for x in replica_examples)
+        if int(steps) < 0 or any(c < 0 for c in counts) or len(counts) != self.num_replicas:
+            raise ValueError(
+                f"exclude(steps={steps!r}, replica_examples={list(counts)}) needs steps >= 0 "
+                f"and one count >= 0 per replica ({self.num_replicas}): the span's own steps "
+                "and examples, not cumulative ones."
+            )
+        self._excluded_steps += int(steps)
+        self._excluded_examples = tuple(
+            e + c for e, c in zip(self._excluded_examples, counts, strict=True)
+        )
 
     @property
     def warmed_up(self) -> bool:
@@ -163,7 +200,7 @@ class ThroughputMeter:
                 f"({self.num_replicas})."
             )
         if self._last is not None:
-            last_step, last_time, last_counts = self._last
+            last_step, last_time, last_counts = self._last[:3]
             if point[0] < last_step or point[1] < last_time:
                 raise ValueError(
                     f"update(step={step}, time={time}) goes back from step={last_step}, "
@@ -175,29 +212,27 @@ class ThroughputMeter:
                     f"{list(last_counts)}; pass cumulative counts."
                 )
         self._latest_examples = counts
+        measured = tuple(c - e for c, e in zip(counts, self._excluded_examples, strict=True))
+        full: _Point = (*point, point[0] - self._excluded_steps, measured)
         if self._origin_step is None:
             self._origin_step = point[0]
         if self._start is None:
             if point[0] - self._origin_step >= self.warmup_steps:
-                self._start = point
-            self._last = point
+                self._start = full
+            self._last = full
             return None
         assert self._last is not None
         previous = self._last
-        if point[0] == previous[0] or point[1] == previous[1]:
-            return None
-        self._last = point
+        if full[3] == previous[3] or point[1] == previous[1]:
+            return None  # no measured step, or no time, since the last update
+        self._last = full
         self._windows += 1
-        return self._window(previous, point)
+        return self._window(previous, full)
 
-    def _window(
-        self,
-        begin: tuple[int, float, tuple[int, ...]],
-        end: tuple[int, float, tuple[int, ...]],
-    ) -> ThroughputWindow:
-        steps = end[0] - begin[0]
+    def _window(self, begin: _Point, end: _Point) -> ThroughputWindow:
+        steps = end[3] - begin[3]
         seconds = end[1] - begin[1]
-        replica_rates = tuple((e - b) / seconds for b, e in zip(begin[2], end[2], strict=True))
+        replica_rates = tuple((e - b) / seconds for b, e in zip(begin[4], end[4], strict=True))
         examples_per_sec = sum(replica_rates)
         flops = (
             None if self.flops_per_example is None else examples_per_sec * self.flops_per_example
@@ -220,7 +255,7 @@ class ThroughputMeter:
 
     def total(self) -> ThroughputWindow | None:
         """Rates over all windows together (end of warm-up to the last update), or None."""
-        if self._start is None or self._last is None or self._last[0] == self._start[0]:
+        if self._start is None or self._last is None or self._last[3] == self._start[3]:
             return None
         if self._last[1] == self._start[1]:
             return None

@@ -4,13 +4,17 @@ Reads the runs under ``LOGDIR`` (every record, checksums checked) and prints a t
 (median / min / max examples/s per run, replica skew, workers), or JSON with ``--json``;
 ``--plot PATH`` also draws examples/s per run over steps into a PNG (needs matplotlib:
 ``pip install 'tfdp-utils[report]'``). Event files whose records fail their checksums are
-reported as corrupt (exit status 1). Reading needs no TensorFlow import.
+reported as corrupt (exit status 1). Runs cut short (an event file that ends inside a record,
+or runs of one job that end at different steps or disagree on the examples trained) and
+derived counts are marked in the table, the JSON and the plot. Reading needs no TensorFlow
+import.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import os
 import statistics
@@ -20,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tfdp_utils.throughput._tags import (
+    COUNTS,
     EXAMPLES,
     EXAMPLES_PER_SEC,
     GLOBAL_RUN,
@@ -27,6 +32,7 @@ from tfdp_utils.throughput._tags import (
     STEPS_PER_SEC,
     WORKER_SKEW,
     RunKind,
+    parse_counts_note,
     parse_run,
     replica_run,
 )
@@ -40,6 +46,8 @@ class RunSeries:
 
     name: str
     series: dict[str, list[tuple[int, float]]]
+    notes: tuple[tuple[int, str], ...] = ()  # the logger's COUNTS texts, (step, text)
+    problems: tuple[str, ...] = ()  # what is wrong with the run's event files
 
     def values(self, tag: str) -> list[float]:
         """The values of ``tag``, in step order (empty when the run has no such tag)."""
@@ -71,16 +79,20 @@ def read_runs(log_dir: str) -> dict[str, RunSeries]:
     runs: dict[str, RunSeries] = {}
     for folder, files in _event_files(log_dir):
         points: dict[str, dict[int, float]] = {}
+        notes: dict[int, str] = {}
+        problems = []
         for path in files:
-            records, _ = _read_records(path)
+            records, problem = _read_records(path)
+            if problem:
+                problems.append(f"{os.path.basename(path)} {problem}")
             for record in records:
-                _add_points(record, points)
+                _add_points(record, points, notes)
         if not points:
             continue
         name = os.path.relpath(folder, log_dir)
         display = "." if name == os.curdir else name.replace(os.sep, "/")
         series = {tag: sorted(points[tag].items()) for tag in _TAGS if tag in points}
-        runs[display] = RunSeries(display, series)
+        runs[display] = RunSeries(display, series, tuple(sorted(notes.items())), tuple(problems))
     return dict(sorted(runs.items()))
 
 
@@ -93,12 +105,15 @@ def _event_files(log_dir: str) -> list[tuple[str, list[str]]]:
     return found
 
 
-def _add_points(record: bytes, points: dict[str, dict[int, float]]) -> None:
+def _add_points(record: bytes, points: dict[str, dict[int, float]], notes: dict[int, str]) -> None:
     from tensorboard.compat.proto import event_pb2
     from tensorboard.util import tensor_util
 
     event = event_pb2.Event.FromString(record)
     for value in event.summary.value:
+        if value.tag == COUNTS and value.HasField("tensor") and value.tensor.string_val:
+            notes[int(event.step)] = value.tensor.string_val[0].decode("utf-8", "replace")
+            continue
         if value.tag not in _TAGS:
             continue
         if value.HasField("tensor"):
@@ -180,12 +195,19 @@ def summarize(runs: dict[str, RunSeries]) -> dict[str, Any]:
         runs: from :func:`read_runs`.
 
     Returns:
-        ``{"runs": {name: {...}}, "replica_skew": ..., "workers": {...}}``. Per run:
-        ``windows``, ``examples_per_sec`` and ``steps_per_sec`` (median / min / max over
-        windows), ``examples`` (the last cumulative count), ``last_step``. ``replica_skew``
+        ``{"runs": {name: {...}}, "replica_skew": ..., "workers": {...}, "complete": ...,
+        "cut_short": {...}, "exact": ..., "derived": {...}}``. Per run: ``windows``,
+        ``examples_per_sec`` and ``steps_per_sec`` (median / min / max over windows),
+        ``examples`` (the last cumulative count), ``last_step``, ``counts`` ("exact",
+        "derived", or None for logs without the note) and ``counts_note``, and ``cut_short``
+        (why the run looks cut short: its event file ends inside a record, it ends before the
+        other runs of its job, or its count disagrees with its replicas'; empty when not).
+        ``complete`` is False when any run is cut short; ``exact`` False when any run's counts
+        are derived (None when no run says). ``replica_skew``
         is ``(max - min) / max`` of the replicas' median examples/s (None with fewer than
-        two replicas). ``workers`` gives each worker's median steps/s and the median of the
-        chief's logged worker skew.
+        two replicas). ``workers`` gives the number of workers (1 when the job wrote no
+        ``worker_<w>`` runs), each worker's median steps/s and the median of the chief's
+        logged worker skew.
     """
     per_run: dict[str, Any] = {}
     for name, run in runs.items():
@@ -201,7 +223,11 @@ def summarize(runs: dict[str, RunSeries]) -> dict[str, Any]:
         peak = run.values(MEMORY_PEAK_BYTES)
         if peak:
             entry["peak_memory_bytes"] = int(max(peak))
+        entry.update(_counts_entry(run))
+        entry["cut_short"] = [f"event file {p}" for p in run.problems]
         per_run[name] = entry
+    for name, reasons in _inconsistencies(runs).items():
+        per_run[name]["cut_short"].extend(reasons)
 
     def kind(name: str) -> RunKind | None:
         parsed = parse_run(name)
@@ -221,15 +247,82 @@ def summarize(runs: dict[str, RunSeries]) -> dict[str, Any]:
         if kind(n) == "worker" and e["steps_per_sec"]
     }
     skews = [v for run in runs.values() for v in run.values(WORKER_SKEW)]
+    cut_short = {n: e["cut_short"] for n, e in per_run.items() if e["cut_short"]}
+    derived = {n: e["counts_note"] for n, e in per_run.items() if e["counts"] == "derived"}
     return {
         "runs": per_run,
         "replica_skew": replica_skew,
+        # A job without worker_<w> runs is one worker (the logger writes them only for more).
         "workers": {
-            "count": len(workers),
+            "count": max(1, len(workers)),
             "median_steps_per_sec": workers,
             "median_skew": statistics.median(skews) if skews else None,
         },
+        "complete": not cut_short,
+        "cut_short": cut_short,
+        "exact": None if not derived and not _any_note(per_run) else not derived,
+        "derived": derived,
     }
+
+
+def _counts_entry(run: RunSeries) -> dict[str, Any]:
+    """``counts`` ("exact", "derived" or None when the run says nothing) and its note."""
+    for _, note in reversed(run.notes):
+        parsed = parse_counts_note(note)
+        if parsed is not None:
+            exact, text = parsed
+            return {"counts": "exact" if exact else "derived", "counts_note": text}
+    return {"counts": None, "counts_note": None}
+
+
+def _any_note(per_run: dict[str, Any]) -> bool:
+    return any(entry["counts"] is not None for entry in per_run.values())
+
+
+def _inconsistencies(runs: dict[str, RunSeries]) -> dict[str, list[str]]:
+    """Runs of one job (one folder) that end early or disagree on the examples trained.
+
+    The logger ends every fit with a count at its final step in the global run and in every
+    replica run, and the replicas' counts add up to the global one, so a run that ends at an
+    earlier step than its siblings, or a global count that is not the sum of the replicas'
+    at the same step, was cut short (or the folder mixes two jobs).
+    """
+    jobs: dict[str, dict[str, RunSeries]] = {}
+    for name, run in runs.items():
+        parsed = parse_run(name)
+        if parsed is None or parsed[0] == "worker" or not run.series.get(EXAMPLES):
+            continue
+        folder = name.rsplit("/", 1)[0] if "/" in name else ""
+        jobs.setdefault(folder, {})[name] = run
+    found: dict[str, list[str]] = {}
+    for members in jobs.values():
+        if len(members) < 2:
+            continue
+        last = {n: r.series[EXAMPLES][-1][0] for n, r in members.items()}
+        end = max(last.values())
+        reach = ", ".join(f"{n} {s}" for n, s in last.items() if s == end)
+        for name, step in last.items():
+            if step < end:
+                found.setdefault(name, []).append(
+                    f"ends at step {step} while other runs of the job reach step {end} ({reach})"
+                )
+        totals = [n for n in members if parse_run(n) == ("global", None)]
+        replicas = [n for n in members if (parse_run(n) or ("", None))[0] == "replica"]
+        if not totals or not replicas:
+            continue
+        counts = {n: dict(r.series[EXAMPLES]) for n, r in members.items()}
+        common = set.intersection(*(set(c) for c in counts.values()))
+        if not common:
+            continue
+        step = max(common)
+        total = counts[totals[0]][step]
+        replica_sum = sum(counts[n][step] for n in replicas)
+        if total != replica_sum:
+            found.setdefault(totals[0], []).append(
+                f"counts {total:,.0f} examples at step {step} but its replica runs add up to "
+                f"{replica_sum:,.0f} (runs of different jobs mixed, or files cut short)"
+            )
+    return found
 
 
 def _fmt(value: float | None) -> str:
@@ -240,11 +333,23 @@ def _fmt(value: float | None) -> str:
 
 def format_table(summary: dict[str, Any]) -> str:
     """The plain-text table ``tfdp-utils report`` prints."""
-    header = ("run", "windows", "median ex/s", "min ex/s", "max ex/s", "steps/s", "examples")
+    header = (
+        "run",
+        "windows",
+        "median ex/s",
+        "min ex/s",
+        "max ex/s",
+        "steps/s",
+        "examples",
+        "note",
+    )
     rows = [header]
     for name, entry in summary["runs"].items():
         rates = entry["examples_per_sec"] or {}
         steps = entry["steps_per_sec"] or {}
+        marks = (["CUT SHORT"] if entry.get("cut_short") else []) + (
+            ["derived"] if entry.get("counts") == "derived" else []
+        )
         rows.append(
             (
                 name,
@@ -254,6 +359,7 @@ def format_table(summary: dict[str, Any]) -> str:
                 _fmt(rates.get("max")),
                 _fmt(steps.get("median")),
                 "-" if entry["examples"] is None else f"{entry['examples']:,}",
+                ", ".join(marks) or "-",
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
@@ -272,21 +378,41 @@ def format_table(summary: dict[str, Any]) -> str:
         + ("-" if skew is None else f"{skew:.1%}")
     )
     workers = summary["workers"]
-    if workers["count"]:
+    if workers["median_steps_per_sec"]:
         rates = ", ".join(f"{n} {_fmt(v)}" for n, v in workers["median_steps_per_sec"].items())
         skew_text = "-" if workers["median_skew"] is None else f"{workers['median_skew']:.1%}"
         lines.append(f"workers: {workers['count']} ({rates} steps/s); median skew {skew_text}")
     else:
         lines.append("workers: 1")
+    for name, reasons in summary.get("cut_short", {}).items():
+        lines.append(f"CUT SHORT {name}: {'; '.join(reasons)}")
+    derived = summary.get("derived", {})
+    for note in sorted(set(derived.values())):
+        names = ", ".join(n for n, v in derived.items() if v == note)
+        lines.append(f"derived counts ({names}): {note}")
     return "\n".join(lines)
 
 
-def plot(runs: dict[str, RunSeries], path: str) -> None:
+def legend_label(name: str, entry: dict[str, Any], last_step: int) -> str:
+    """The plot's legend entry for run ``name``: marked when cut short or counts are derived."""
+    label = name
+    if entry.get("cut_short"):
+        label += f" (CUT SHORT at step {last_step})"
+    if entry.get("counts") == "derived":
+        label += " (derived counts)"
+    return label
+
+
+def plot(runs: dict[str, RunSeries], path: str, summary: dict[str, Any] | None = None) -> None:
     """Draw examples/s per run over steps into the PNG file ``path``.
+
+    Runs cut short and derived counts (from ``summary``, :func:`summarize`'s) are marked in
+    the legend and the title.
 
     Raises:
         ImportError: when matplotlib is not installed (``pip install 'tfdp-utils[report]'``).
     """
+    entries = (summary or {}).get("runs", {})
     try:
         import matplotlib
 
@@ -303,14 +429,27 @@ def plot(runs: dict[str, RunSeries], path: str) -> None:
             points = run.series.get(EXAMPLES_PER_SEC, [])
             if points:
                 steps, values = zip(*points, strict=True)
-                axes.plot(steps, values, label=name, marker="." if len(points) < 50 else None)
+                entry = entries.get(name, {})
+                style = "--" if entry.get("cut_short") else "-"
+                axes.plot(
+                    steps,
+                    values,
+                    style,
+                    label=legend_label(name, entry, points[-1][0]),
+                    marker="." if len(points) < 50 else None,
+                )
         axes.set_xlabel("optimizer step")
         axes.set_ylabel("examples / second")
-        axes.set_title("Throughput per run")
+        title = "Throughput per run (epoch boundaries left out of every window)"
+        if summary and summary.get("cut_short"):
+            title += "\nruns cut short: " + ", ".join(summary["cut_short"])
+        if summary and summary.get("derived"):
+            title += "\nderived counts: " + ", ".join(summary["derived"])
+        axes.set_title(title, fontsize="medium")
         axes.grid(True, alpha=0.3)
         axes.legend(loc="best", fontsize="small")
         figure.tight_layout()
-        figure.savefig(path, dpi=100)
+        figure.savefig(path, dpi=100, format="png")
     finally:
         plt.close(figure)
 
@@ -322,8 +461,50 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
+def plot_path_problem(path: str) -> str | None:
+    """What is wrong with ``--plot PATH`` before any reading starts, or None."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return f"--plot {path!r} is a directory; pass a file path ending in .png, e.g. out.png."
+    if os.path.splitext(path)[1].lower() != ".png":
+        return f"--plot {path!r} does not end in .png; the plot is a PNG: pass e.g. out.png."
+    if not os.path.isdir(folder):
+        return (
+            f"--plot {path!r}: the directory {folder!r} does not exist; create it first or "
+            "pass a path in an existing directory."
+        )
+    if not os.access(folder, os.W_OK):
+        return f"--plot {path!r}: the directory {folder!r} is not writable; pass another path."
+    if importlib.util.find_spec("matplotlib") is None:
+        return (
+            "--plot needs matplotlib, which is not installed; install it with "
+            "pip install 'tfdp-utils[report]'."
+        )
+    return None
+
+
+def _emit(text: str) -> bool:
+    """Print ``text`` to stdout; False when the reader has gone (``report ... | head -1``)."""
+    try:
+        print(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Later writes (and the interpreter's own flush at exit) would fail again: send them
+        # nowhere, and end quietly.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return False
+    return True
+
+
 def run(args: argparse.Namespace) -> int:
     """Carry out ``tfdp-utils report`` for parsed ``args``; returns the exit status."""
+    if args.plot:
+        problem = plot_path_problem(args.plot)
+        if problem:
+            print(f"tfdp-utils report: {problem}", file=sys.stderr)
+            return 2
     try:
         runs = read_runs(args.logdir)
     except FileNotFoundError as exc:
@@ -344,20 +525,20 @@ def run(args: argparse.Namespace) -> int:
     summary = summarize(runs)
     if args.plot:
         try:
-            plot(runs, args.plot)
-        except ImportError as exc:
-            print(f"tfdp-utils report: {exc}", file=sys.stderr)
+            plot(runs, args.plot, summary)
+        except (ImportError, OSError) as exc:
+            print(f"tfdp-utils report: --plot {args.plot!r}: {exc}", file=sys.stderr)
             return 2
         summary["plot"] = args.plot
     if problems:
         summary["event_file_problems"] = problems
+    status = 1 if corrupt else 0
     if args.json:
-        print(json.dumps(summary, indent=2, sort_keys=True))
+        _emit(json.dumps(summary, indent=2, sort_keys=True))
     else:
-        print(format_table(summary))
-        if args.plot:
-            print(f"plot: {args.plot}")
-    return 1 if corrupt else 0
+        text = format_table(summary) + (f"\nplot: {args.plot}" if args.plot else "")
+        _emit(text)
+    return status
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -367,8 +548,10 @@ def main(argv: list[str] | None = None) -> int:
         argv: the arguments after ``report``. Defaults to `None` (``sys.argv[1:]``).
 
     Returns:
-        0 on success, 1 when no throughput runs were found or an event file is corrupt, 2
-        for a missing ``LOGDIR`` or a missing plotting extra.
+        0 on success (runs cut short are marked, not failed: a job may still be writing),
+        1 when no throughput runs were found or an event file is corrupt, 2 for a missing
+        ``LOGDIR``, a ``--plot PATH`` that cannot be written, or a missing plotting extra
+        (checked before reading).
 
     Examples:
     >>> main(["logs", "--json"])  # doctest: +SKIP

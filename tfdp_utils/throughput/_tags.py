@@ -81,6 +81,9 @@ EPOCH_START_SECONDS = "throughput/epoch_start_seconds"
 MEMORY_CURRENT_BYTES = "memory/current_bytes"
 MEMORY_PEAK_BYTES = "memory/peak_bytes"
 
+COUNTS = "throughput/counts"
+"""A text summary (not a scalar) at each fit's first step: ``exact: ...`` or ``derived: why``."""
+
 LAYOUT_TAG = "custom_scalars__config__"
 """The tag TensorBoard's custom-scalars plugin stores :data:`LAYOUT` under (the plugin's name)."""
 
@@ -204,10 +207,34 @@ def step_unit(accumulation_steps: int = 1) -> str:
     )
 
 
-def count_origin(*, exact: bool, source: str) -> str:
-    """The ``counted`` field: whether counts are exact, and where they come from."""
+def count_origin(*, exact: bool, source: str, reason: str | None = None) -> str:
+    """The ``counted`` field: whether counts are exact, where they come from, and why not."""
     kind = "Exact count" if exact else "Derived count"
-    return f"{kind}: cumulative examples trained, from {source or 'the dataset'}."
+    why = f" Not exact: {reason}." if reason and not exact else ""
+    return f"{kind}: cumulative examples trained, from {source or 'the dataset'}.{why}"
+
+
+EXACT_PREFIX = "exact: "
+DERIVED_PREFIX = "derived: "
+COUNTS_DESCRIPTION = (
+    "How this fit's example counts (and every examples/s) were obtained: 'exact: <source>' or "
+    "'derived: <why they are not exact>'. Written once per fit, at its first step."
+)
+
+
+def counts_note(*, exact: bool, source: str, reason: str | None = None) -> str:
+    """The text of the :data:`COUNTS` summary; :func:`parse_counts_note` reads it back."""
+    if exact:
+        return f"{EXACT_PREFIX}{source}"
+    return f"{DERIVED_PREFIX}{reason or source}"
+
+
+def parse_counts_note(note: str) -> tuple[bool, str] | None:
+    """``(exact, source or reason)`` of a :data:`COUNTS` text; None for any other text."""
+    for prefix, exact in ((EXACT_PREFIX, True), (DERIVED_PREFIX, False)):
+        if note.startswith(prefix):
+            return exact, note[len(prefix) :]
+    return None
 
 
 def replica_split(*, exact: bool) -> str:
