@@ -25,6 +25,12 @@ NO_KERAS_PATCHES = "TFDP_NO_KERAS_PATCHES"
 SLURM_PORT_BASE = "TFDP_SLURM_PORT_BASE"
 """The first port of a SLURM job's cluster."""
 
+EXIT_GUARD = "TFDP_EXIT_GUARD"
+"""``0`` keeps tfdp-utils from installing its exit guard (a crashed job always ends)."""
+
+EXIT_GRACE = "TFDP_EXIT_GRACE"
+"""Seconds a process may take to exit after an uncaught error before it is ended (0: never)."""
+
 TRACEBACK = "TFDP_TRACEBACK"
 """``1`` makes the ``tfdp-utils`` command show full tracebacks instead of one-line errors."""
 
@@ -35,6 +41,8 @@ OURS: tuple[str, ...] = (
     SERVICE_TIMEOUT,
     NO_KERAS_PATCHES,
     SLURM_PORT_BASE,
+    EXIT_GUARD,
+    EXIT_GRACE,
     TRACEBACK,
 )
 """Every variable of tfdp-utils' own."""

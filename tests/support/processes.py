@@ -60,10 +60,12 @@ def run_python(
     env: Mapping[str, str | None] | None = None,
     timeout: float = 180,
     cwd: Path | None = None,
+    args: Sequence[str] = (),
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``code`` in a fresh Python process (own TensorFlow runtime) with a hard timeout."""
+    """Run ``code`` (with ``args`` in ``sys.argv``) in a fresh Python process (own TensorFlow
+    runtime) with a hard timeout."""
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
+        [sys.executable, "-c", textwrap.dedent(code), *args],
         env=_child_env(env),
         capture_output=True,
         text=True,

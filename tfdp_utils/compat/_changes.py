@@ -9,11 +9,19 @@ leaves them on; none can be undone through the registry (each says why).
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
+from tfdp_utils import _exit_guard as exit_guard
 from tfdp_utils.compat import _fit_binding as fit_binding
 from tfdp_utils.compat import _tf_keras_datasets as tf_keras_datasets
-from tfdp_utils.compat._registry import REGISTRY, RuntimeChange, change_object
+from tfdp_utils.compat._registry import (
+    REGISTRY,
+    RuntimeChange,
+    change_object,
+    replace_method,
+    set_attribute,
+)
 from tfdp_utils.compat._switch import disabled, warn_features_off
 
 COLLECTIVE_KEYS = RuntimeChange(
@@ -70,7 +78,44 @@ STRATEGY_CHOICE = RuntimeChange(
     kill_switch=False,
 )
 
-CHANGES = (COLLECTIVE_KEYS, DATASET_CLASS, ACCUMULATION_STEP, STRATEGY_CHOICE)
+EXIT_GUARD = RuntimeChange(
+    name="exit-guard",
+    kind="process",
+    changes="sys.excepthook wrapped (it records the exit status), and an atexit handler that "
+    "frees what an uncaught error keeps alive, with a faulthandler backstop",
+    why="after an uncaught error or Ctrl-C in fit, the traceback Python keeps holds a live "
+    "tf.data iterator; destroyed during interpreter teardown, an iterator over a "
+    "from_generator reader waits forever for Python threads the interpreter has ended, and "
+    "the process never exits. The guard frees it before teardown, and ends a process still "
+    "alive TFDP_EXIT_GRACE seconds later. Not a change to Keras, so TFDP_NO_KERAS_PATCHES "
+    "leaves it on; TFDP_EXIT_GUARD=0 keeps it from being installed",
+    undoable=True,
+    kill_switch=False,
+)
+
+CHANGES = (COLLECTIVE_KEYS, DATASET_CLASS, ACCUMULATION_STEP, STRATEGY_CHOICE, EXIT_GUARD)
+
+
+def guard_exits(*, applied_by: str) -> None:
+    """Install the exit guard (:mod:`tfdp_utils._exit_guard`) once per process.
+
+    Does nothing when ``TFDP_EXIT_GUARD`` is an off word (``0``, ``off``...).
+
+    Raises:
+        ValueError: ``TFDP_EXIT_GRACE`` is not a number of seconds >= 0.
+    """
+    with REGISTRY.lock:
+        if REGISTRY.get(EXIT_GUARD.name) is not None or not exit_guard.wanted():
+            return
+        seconds = exit_guard.grace()
+        exit_guard.register_at_exit()
+        hook = exit_guard.make_excepthook(sys.excepthook)
+        patches = [
+            replace_method(sys, "excepthook", hook, change=EXIT_GUARD.name),
+            set_attribute(exit_guard, "GRACE", seconds),
+            set_attribute(exit_guard, "ACTIVE", True),
+        ]
+        REGISTRY.record(EXIT_GUARD, applied_by=applied_by, patches=patches)
 
 
 def teach_tf_keras(*, applied_by: str) -> bool:
@@ -106,6 +151,7 @@ def prepare_for_datasets(*, applied_by: str) -> None:
     """
     teach_tf_keras(applied_by=applied_by)
     fit_binding.install(applied_by=applied_by)
+    guard_exits(applied_by=applied_by)
 
 
 def bump_collective_keys(strategy_class: Any, stride: int, *, applied_by: str) -> None:

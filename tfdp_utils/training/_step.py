@@ -17,6 +17,7 @@ from typing import Any, Literal
 from tfdp_utils._tf import IS_KERAS3, KERAS_FLAVOUR, distributed_variable, keras, tf
 from tfdp_utils._validate import positive_int
 from tfdp_utils._validate import strategy as check_strategy
+from tfdp_utils.compat import _changes
 from tfdp_utils.training import _mixed_precision as mixed_precision
 from tfdp_utils.training._accumulation import GradientAccumulator
 
@@ -491,6 +492,7 @@ def make_distributed_train_step(
             "accumulation_steps= here (exact over partial micro-batches) or the optimizer's."
         )
     _check_setup(model, optimizer, strategy, metric_list)
+    _changes.guard_exits(applied_by="make_distributed_train_step()")  # crashes end
     return DistributedTrainStep(
         model,
         loss_fn=loss_fn,

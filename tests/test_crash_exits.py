@@ -1,0 +1,134 @@
+"""A crashed job always ends: real processes crash in ``fit`` and end with their own status.
+
+Each trains on a builder dataset read by a ``from_generator`` reader under a parallel
+interleave, the pipeline that keeps a crashed process alive without tfdp-utils' exit guard
+(``test_without_the_guard_the_same_crash_never_ends`` shows the hang). ``scripts/crash_repeat.py``
+repeats every crash path (errors in fit/evaluate/predict/a loop, Ctrl-C, SIGTERM, the watchdog's
+abort; every source kind; 1 and 2 workers and replicas) many times in CI, with a 10 s bound from
+the error to the exit.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+
+import pytest
+from support.processes import run_python, start_python
+
+JOB = r"""
+import os, sys, time
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import numpy as np
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import tfdp_utils as tdu
+from tfdp_utils._tf import keras
+
+CRASH = sys.argv[1]
+strategy = tdu.auto_strategy(verbose=False)
+folder = sys.argv[2]
+files = []
+for i in range(8):
+    files.append(os.path.join(folder, f"part{i}"))
+    open(files[-1], "w").close()
+
+
+def reader(path):
+    def generate():
+        for i in range(100_000):
+            time.sleep(0.002)  # latency-bound: the pipeline is busy when the job crashes
+            yield np.array([i, 1, 2, 3], "float32"), np.array([1], "float32")
+
+    spec = (tf.TensorSpec([4], tf.float32), tf.TensorSpec([1], tf.float32))
+    return tf.data.Dataset.from_generator(generate, output_signature=spec)
+
+
+dist = tdu.build_distributed_dataset(files, reader=reader, strategy=strategy, global_batch_size=8)
+
+
+class Boom(keras.layers.Layer):
+    def __init__(self):
+        super().__init__()
+        with strategy.scope():
+            self.calls = [tf.Variable(0, dtype=tf.int64, trainable=False,
+                synchronization=tf.VariableSynchronization.ON_READ,
+                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)]
+
+    def call(self, x):
+        if CRASH == "error":
+            count = self.calls[0].assign_add(1)
+            tf.debugging.assert_less(count, tf.constant(3, tf.int64), message="boom at call 3")
+        return x
+
+
+class Ready(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        time.sleep(0.005)
+        if batch == 2:
+            print("READY", flush=True)
+
+
+with strategy.scope():
+    model = keras.Sequential([keras.Input((4,)), Boom(), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+model.fit(dist, epochs=1, steps_per_epoch=5000, verbose=0, callbacks=[Ready()])
+print("NO CRASH", flush=True)
+"""
+
+pytestmark = [pytest.mark.slow, pytest.mark.keras]
+
+
+def test_an_error_in_fit_ends_the_process_with_status_1(tmp_path) -> None:
+    done = run_python(JOB, timeout=120, args=("error", str(tmp_path)))
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "boom at call 3" in done.stderr
+    assert "NO CRASH" not in done.stdout
+
+
+def test_without_the_guard_the_same_crash_never_ends(tmp_path) -> None:
+    # The reproduction: the process printed its traceback and stays alive until killed.
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_python(JOB, env={"TFDP_EXIT_GUARD": "0"}, timeout=60, args=("error", str(tmp_path)))
+
+
+def test_ctrl_c_in_fit_ends_the_process_by_sigint(tmp_path) -> None:
+    process = start_python(JOB, args=("interrupt", str(tmp_path)))
+    try:
+        deadline = time.monotonic() + 120
+        while "READY" not in process.stdout() and time.monotonic() < deadline:
+            assert process.popen.poll() is None, process.tail()
+            time.sleep(0.1)
+        process.popen.send_signal(signal.SIGINT)
+        status = process.popen.wait(timeout=60)
+        tail, stderr = process.tail(), process.stderr()
+    finally:
+        if process.popen.poll() is None:
+            process.popen.kill()
+            process.popen.wait()
+        process.close()
+    assert status == -signal.SIGINT, tail
+    assert "KeyboardInterrupt" in stderr
+
+
+def test_the_guard_is_listed_and_undone_by_the_registry(tmp_path) -> None:
+    done = run_python(
+        """
+        import sys
+        import tfdp_utils as tdu
+        from tfdp_utils import compat
+        before = sys.excepthook
+        tdu.auto_strategy(verbose=False)
+        entry = [s for s in compat.status() if s.issue == "exit-guard"][0]
+        print(entry.applied, entry.applied_by, entry.undoable, sys.excepthook is before)
+        compat.undo("exit-guard")
+        print(sys.excepthook is before)
+        """,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    first, second = done.stdout.strip().splitlines()[-2:]
+    assert first.split()[-3:] == ["auto_strategy()", "True", "False"]
+    assert second == "True"

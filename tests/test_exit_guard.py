@@ -1,0 +1,106 @@
+"""The exit guard's parts, without TensorFlow: statuses, the release, its variables.
+
+Real processes that crash are in tests/test_crash_exits.py.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import weakref
+from typing import Any
+
+import pytest
+
+from tfdp_utils import _exit_guard as guard
+
+pytestmark = pytest.mark.pure
+
+
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [
+        (ValueError, 1),
+        (RuntimeError, 1),
+        (KeyboardInterrupt, 130),
+        (SystemExit, None),
+        (None, None),
+    ],
+)
+def test_each_uncaught_error_has_its_status(error: Any, status: int | None) -> None:
+    assert guard.status_for(error) == status
+
+
+class Held:
+    """An object whose collection a weak reference can see."""
+
+
+def _fails_holding(held: Held) -> None:
+    local = held  # noqa: F841 - the frame's local keeps it alive
+    raise ValueError("boom")
+
+
+def test_releasing_an_uncaught_error_frees_what_its_frames_held(monkeypatch) -> None:
+    held = Held()
+    alive = weakref.ref(held)
+    try:
+        _fails_holding(held)
+    except ValueError as error:
+        monkeypatch.setattr(sys, "last_value", error, raising=False)
+        monkeypatch.setattr(sys, "last_traceback", error.__traceback__, raising=False)
+    del held
+    gc.collect()
+    assert alive() is not None  # the kept traceback holds the frame, and the frame the object
+    assert guard.release_uncaught() is True
+    assert alive() is None
+    assert sys.last_value is None and sys.last_traceback is None
+    assert guard.release_uncaught() is False  # nothing left to release
+
+
+def test_chained_errors_are_released_too() -> None:
+    held = Held()
+    alive = weakref.ref(held)
+    try:
+        try:
+            _fails_holding(held)
+        except ValueError as first:
+            raise RuntimeError("while handling") from first
+    except RuntimeError as error:
+        caught = error
+    del held
+    guard.clear_frames(caught)
+    gc.collect()
+    assert alive() is None
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"), [("", guard.DEFAULT_GRACE), ("2.5", 2.5), ("0", None)]
+)
+def test_the_backstop_grace_comes_from_the_variable(value: str, seconds: float | None) -> None:
+    assert guard.grace({"TFDP_EXIT_GRACE": value}) == seconds
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("abc", "TFDP_EXIT_GRACE must be a number of seconds, but received TFDP_EXIT_GRACE='abc'"),
+        ("-1", "TFDP_EXIT_GRACE must be a number of seconds >= 0, but received"),
+    ],
+)
+def test_a_bad_grace_is_refused(value: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        guard.grace({"TFDP_EXIT_GRACE": value})
+
+
+@pytest.mark.parametrize(
+    ("value", "wanted"), [("", True), ("1", True), ("0", False), ("off", False)]
+)
+def test_the_guard_can_be_kept_out(value: str, wanted: bool) -> None:
+    assert guard.wanted({"TFDP_EXIT_GUARD": value}) is wanted
+
+
+def test_an_excepthook_chained_before_the_guard_still_runs() -> None:
+    seen: list[str] = []
+    hook = guard.make_excepthook(lambda t, e, tb: seen.append(t.__name__))
+    hook(KeyboardInterrupt, KeyboardInterrupt(), None)
+    assert seen == ["KeyboardInterrupt"]

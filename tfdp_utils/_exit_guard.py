@@ -1,0 +1,221 @@
+"""A crashed job always ends: what an uncaught error keeps alive is freed before Python exits.
+
+Pure standard library (no TensorFlow). The hang this prevents (TF 2.21, CPython 3.11): after an
+uncaught exception or Ctrl-C in ``fit`` (or in a loop that holds an iterator in a local), the
+traceback that Python keeps for post-mortem debugging (``sys.last_traceback``) holds the frames
+of ``fit`` and with them a live ``tf.data`` iterator. Nothing frees it before the interpreter
+starts finalizing; from then on every thread that wants the GIL is ended by CPython, among
+them TensorFlow's threads running a ``from_generator`` reader (an ``EagerPyFunc``). The final
+garbage collection then destroys the iterator, whose prefetch thread waits for the reader's
+executors, which wait for the Python threads that were ended: the process never exits, still
+holding its allocation.
+
+The guard breaks this while the interpreter can still run threads. It is installed as the
+``exit-guard`` change of :mod:`tfdp_utils.compat` (listed by ``tdu.compat.status()``, undone by
+``tdu.compat.undo("exit-guard")``) the first time tfdp-utils builds a strategy, a dataset or a
+train step:
+
+* an ``atexit`` handler (``atexit`` runs before the interpreter is marked as finalizing) that,
+  after an uncaught error, clears the frames of the kept traceback (and of the exceptions
+  chained to it), drops ``sys.last_*`` and collects garbage, so the iterator is destroyed as it
+  is when it goes out of scope during training (0.3-2 s for a busy pipeline);
+* a backstop for what that cannot free (an iterator in a module global, another ``atexit``
+  handler that hangs): :func:`faulthandler.dump_traceback_later` with ``exit=True``, a C
+  thread that needs no GIL, prints every thread's stack and ends the process with status 1
+  when it is still alive :data:`DEFAULT_GRACE` seconds later (``TFDP_EXIT_GRACE`` changes it,
+  ``0`` turns it off);
+* a ``sys.excepthook`` wrapper, chained to the hook it replaces, that only records the status
+  (1 for an exception, 130 for KeyboardInterrupt);
+* after Ctrl-C (KeyboardInterrupt), once the release is done and logging and stdio are
+  flushed, the process ends at once by SIGINT, as CPython ends an interrupted run after its
+  teardown (a parent sees -2, a shell 130): a multi-worker runtime can keep that teardown
+  waiting, and the backstop could only end it with status 1.
+
+Nothing happens on a clean exit or after ``sys.exit()``. The backstop is never armed in an
+interactive session (``python -i``, IPython, Jupyter) or under pytest; the release is harmless
+there (it drops references kept for debugging when the interpreter is exiting anyway).
+SIGTERM with its default disposition ends the process at once without running Python, so it
+needs nothing. ``TFDP_EXIT_GUARD=0`` keeps the guard from being installed.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import faulthandler
+import gc
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+from tfdp_utils import _variables
+from tfdp_utils._validate import env_seconds, is_off_word
+
+DEFAULT_GRACE = 5.0
+"""Seconds the interpreter may take to finish exiting after an uncaught error (the backstop)."""
+
+ExceptHook = Callable[[type[BaseException], BaseException, TracebackType | None], Any]
+
+_lock = threading.Lock()
+_registered = False
+_status: int | None = None
+
+
+def wanted(environ: dict[str, str] | None = None) -> bool:
+    """Whether the guard may be installed: ``TFDP_EXIT_GUARD`` is unset or not an off word."""
+    source = os.environ if environ is None else environ
+    return not is_off_word(source.get(_variables.EXIT_GUARD, "1") or "1")
+
+
+def grace(environ: dict[str, str] | None = None) -> float | None:
+    """The backstop's seconds: ``TFDP_EXIT_GRACE`` or :data:`DEFAULT_GRACE`; None when off.
+
+    Raises:
+        ValueError: a value that is not a number of seconds, or a negative one.
+    """
+    source = os.environ if environ is None else environ
+    text = source.get(_variables.EXIT_GRACE, "").strip()
+    if not text:
+        return DEFAULT_GRACE
+    seconds = env_seconds(_variables.EXIT_GRACE, text, example=DEFAULT_GRACE)
+    if seconds < 0:
+        raise ValueError(
+            f"{_variables.EXIT_GRACE} must be a number of seconds >= 0, but received "
+            f"{_variables.EXIT_GRACE}={text!r}. Set it to e.g. {DEFAULT_GRACE:g}, or 0 to turn "
+            "the backstop off."
+        )
+    return seconds or None
+
+
+def interactive() -> bool:
+    """True in ``python -i``, the plain REPL, IPython and Jupyter kernels."""
+    if sys.flags.interactive or hasattr(sys, "ps1"):
+        return True
+    get_ipython = getattr(sys.modules.get("IPython"), "get_ipython", None)
+    try:
+        return bool(get_ipython is not None and get_ipython() is not None)
+    except Exception:  # a broken IPython must not break exiting
+        return False
+
+
+def under_pytest() -> bool:
+    """True when pytest runs this process (the backstop must never end a test runner)."""
+    return "PYTEST_CURRENT_TEST" in os.environ or "_pytest" in sys.modules
+
+
+def status_for(error: type[BaseException] | None) -> int | None:
+    """The status an uncaught ``error`` ends the process with; None for none or SystemExit."""
+    if error is None or issubclass(error, SystemExit):
+        return None
+    return 130 if issubclass(error, KeyboardInterrupt) else 1
+
+
+def make_excepthook(previous: ExceptHook) -> ExceptHook:
+    """A ``sys.excepthook`` that calls ``previous`` (which prints), then records the status."""
+
+    def excepthook(
+        error_type: type[BaseException], error: BaseException, tb: TracebackType | None
+    ) -> Any:
+        global _status
+        try:
+            return previous(error_type, error, tb)
+        finally:
+            _status = status_for(error_type)
+
+    return excepthook
+
+
+def clear_frames(error: BaseException | None) -> None:
+    """Clear the locals of every finished frame in ``error``'s traceback and its chain.
+
+    ``frame.clear()`` also finalizes a suspended generator's frame (Keras' epoch iterators);
+    a frame that is still running is left alone.
+    """
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        tb = error.__traceback__
+        while tb is not None:
+            with contextlib.suppress(RuntimeError):  # a running frame is left alone
+                tb.tb_frame.clear()
+            tb = tb.tb_next
+        error = error.__cause__ or error.__context__
+
+
+def release_uncaught() -> bool:
+    """Free what the uncaught exception keeps alive (``sys.last_*``) and collect it now.
+
+    Returns:
+        True when there was an uncaught exception to release.
+    """
+    error = getattr(sys, "last_value", None) or getattr(sys, "last_exc", None)
+    if error is None:
+        return False
+    clear_frames(error)
+    for name in ("last_type", "last_value", "last_traceback", "last_exc"):
+        if hasattr(sys, name):
+            setattr(sys, name, None)
+    del error
+    gc.collect()
+    return True
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except Exception:  # a closed stream must not stop the exit
+            pass
+
+
+def _at_exit() -> None:
+    """Release the uncaught error's frames; arm the backstop (not interactive, not pytest)."""
+    if not ACTIVE:
+        return
+    status = _status if _status is not None else status_for(getattr(sys, "last_type", None))
+    release_uncaught()
+    if status is None or interactive() or under_pytest():
+        return
+    if status == 130:
+        _die_by_sigint()
+    seconds = GRACE
+    if seconds:
+        _flush()
+        # A C thread without the GIL: it fires even while the interpreter's teardown is stuck.
+        faulthandler.dump_traceback_later(seconds, exit=True)
+
+
+def _die_by_sigint() -> None:
+    """End the process now as an interrupted Python process ends: by SIGINT (a shell's 130).
+
+    CPython ends a run stopped by Ctrl-C this way too, but only after its teardown, which a
+    multi-worker job's runtime can keep waiting; Ctrl-C means "stop now", and a backstop
+    could only end the process with status 1. Logging handlers and stdio are flushed first.
+    """
+    logging.shutdown()
+    _flush()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)
+    os._exit(130)  # not reached where SIGINT ends the process
+
+
+ACTIVE = False
+"""Whether the guard acts at exit (set when it is installed; the registry's undo clears it)."""
+
+GRACE: float | None = DEFAULT_GRACE
+"""The backstop's seconds in force, read from ``TFDP_EXIT_GRACE`` when it is installed."""
+
+
+def register_at_exit() -> None:
+    """Register the ``atexit`` handler once per process (it does nothing unless :data:`ACTIVE`)."""
+    global _registered
+    with _lock:
+        if not _registered:
+            atexit.register(_at_exit)
+            _registered = True
