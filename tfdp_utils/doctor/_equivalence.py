@@ -6,6 +6,16 @@ same initial weights, trains both through ``fit`` (so the user's own ``train_ste
 metrics run) on the same global batches, and compares the logged loss and metrics and every
 weight after every step (every execution under ``steps_per_execution``).
 
+The arguments are checked before any model is built or trained: a strategy of 1 replica (which
+would compare one device with itself), a built model instead of a function, unbatched or
+unlabelled data and a global batch that does not split evenly over the replicas are refused
+with a message that says how to fix them.
+
+Two values agree when both are finite and within ``OVERFLOW_BOUND`` and
+``|a - b| <= atol + rtol * min(|a|, |b|)``: the rule is symmetric, and neither run's size widens
+the tolerance. A NaN, an inf or a value beyond ``OVERFLOW_BOUND`` in either run is a divergence
+whatever the other run holds; the report names the first step, the tensor and the run.
+
 A model that draws random numbers in training (Dropout, noise layers) cannot follow the same
 trajectory on one device and on N replicas; for such a model the trajectory is reported but
 not judged, and a probe checks instead that the replicas do not all draw the *same* random
@@ -20,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -29,6 +39,14 @@ from tfdp_utils._validate import positive_float, positive_int
 from tfdp_utils.errors import ReplicaDivergenceError, ReplicaDivergenceWarning
 
 OnDivergence = Literal["raise", "warn", "ignore"]
+
+OVERFLOW_BOUND = 2.0**64
+"""Magnitude (about 1.8e19) beyond which a weight or logged value counts as overflowing: its
+square exceeds float32's largest value (3.4e38), so training in float32 has left the range
+where its arithmetic means anything. Such a value is a divergence, as NaN and inf are."""
+
+REFERENCE_RUN = "on one device"
+DISTRIBUTED_RUN = "under the strategy"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,31 +65,62 @@ class StepRecord:
 
 
 @dataclasses.dataclass(frozen=True)
+class NonFinite:
+    """The first NaN, inf or overflowing value (beyond ``OVERFLOW_BOUND``) one run recorded.
+
+    Attributes:
+        run: ``"on one device"`` or ``"under the strategy"``.
+        step: the recorded step at which it appeared.
+        name: the weight (checked first) or logged value that held it.
+        value: the value: NaN, inf, -inf, or a finite number beyond ``OVERFLOW_BOUND``.
+    """
+
+    run: str
+    step: int
+    name: str
+    value: float
+
+    def describe(self) -> str:
+        """``"under the strategy: step 3, dense/kernel = inf"``."""
+        shown = f"{self.value:.3g}"
+        if math.isfinite(self.value):
+            shown += f" (beyond +-{OVERFLOW_BOUND:.2g})"
+        return f"{self.run}: step {self.step}, {self.name} = {shown}"
+
+
+@dataclasses.dataclass(frozen=True)
 class EquivalenceReport:
     """How training under a strategy compared with training on one device.
 
     Attributes:
         strategy: the strategy's class name.
-        num_replicas: replicas in sync under it.
+        num_replicas: replicas in sync under it (2 or more: a 1-replica strategy is refused).
         steps: global batches both runs trained on.
         recorded_steps: the steps after which both were compared.
         loss_reference: the logged loss of the one-device run at each recorded step.
         loss_distributed: the logged loss under the strategy at each recorded step.
         max_loss_difference: the largest absolute difference of the logged losses.
-        log_differences: largest absolute difference per logged value (loss and metrics).
-        weight_differences: largest absolute difference per weight, over all recorded steps.
+        log_differences: largest absolute difference per logged value (loss and metrics);
+            inf where either run held a NaN or inf.
+        weight_differences: largest absolute difference per weight, over all recorded steps;
+            inf where either run held a NaN or inf.
         max_weight_difference: the largest of ``weight_differences``.
+        largest_weight: the largest magnitude of any weight in either run at any recorded
+            step (NaNs left out): the scale the relative tolerance worked at.
         first_divergent_step: the first recorded step at which a logged value or a weight
-            was outside the tolerance, or None.
+            was outside the tolerance, or NaN, inf or overflowing in either run; or None.
         divergent: names of the logged values and weights that went outside the tolerance.
-        nan_step_reference: the first recorded step with a NaN or inf in the one-device run.
+        nan_step_reference: the first recorded step with a NaN, inf or overflowing value
+            (beyond ``OVERFLOW_BOUND``) in the one-device run.
         nan_step_distributed: the same under the strategy.
+        non_finite: for each run that had one, its first NaN, inf or overflowing value (step,
+            tensor, value); empty when both runs stayed finite.
         random_in_training: two training-mode forward passes on the same input differ.
         replicas_share_random_numbers: every replica produced the same training-mode output
             from the same input although the model is random: the replicas draw the same
             random numbers.
         trajectory_compared: False when the model is random in training, so that the two
-            runs cannot agree and only the random draws were judged.
+            runs cannot agree and only the random draws (and NaN, inf, overflow) were judged.
         rtol: relative tolerance used.
         atol: absolute tolerance used.
     """
@@ -86,10 +135,12 @@ class EquivalenceReport:
     log_differences: Mapping[str, float]
     weight_differences: Mapping[str, float]
     max_weight_difference: float
+    largest_weight: float
     first_divergent_step: int | None
     divergent: tuple[str, ...]
     nan_step_reference: int | None
     nan_step_distributed: int | None
+    non_finite: tuple[NonFinite, ...]
     random_in_training: bool
     replicas_share_random_numbers: bool
     trajectory_compared: bool
@@ -98,13 +149,10 @@ class EquivalenceReport:
 
     @property
     def ok(self) -> bool:
-        """True when nothing diverged, no NaN appeared only under the strategy, and the
-        replicas draw their own random numbers."""
-        nan_only_distributed = (
-            self.nan_step_distributed is not None and self.nan_step_reference is None
-        )
+        """True when nothing diverged, neither run held a NaN, inf or overflowing value, and
+        the replicas draw their own random numbers."""
         diverged = self.trajectory_compared and self.first_divergent_step is not None
-        return not (diverged or nan_only_distributed or self.replicas_share_random_numbers)
+        return not (diverged or self.non_finite or self.replicas_share_random_numbers)
 
     def summary(self) -> str:
         """A few lines for a log or a bug report."""
@@ -116,16 +164,18 @@ class EquivalenceReport:
         lines = [
             head,
             f"  max loss difference: {self.max_loss_difference:.3g}",
-            f"  max weight difference: {self.max_weight_difference:.3g}",
+            f"  max weight difference: {self.max_weight_difference:.3g} "
+            f"(largest |weight|: {self.largest_weight:.3g})",
         ]
         if self.first_divergent_step is not None:
             names = ", ".join(self.divergent[:5]) + (" ..." if len(self.divergent) > 5 else "")
             lines.append(f"  first divergent step: {self.first_divergent_step} ({names})")
-        if self.nan_step_distributed is not None or self.nan_step_reference is not None:
+        if self.non_finite:
             lines.append(
-                f"  first NaN/inf: step {self.nan_step_distributed} under the strategy, "
-                f"step {self.nan_step_reference} on one device"
+                "  training blew up (a NaN, inf or overflowing value is a divergence whatever "
+                "the other run holds):"
             )
+            lines += [f"    {found.describe()}" for found in self.non_finite]
         if self.replicas_share_random_numbers:
             lines.append(
                 "  every replica draws the same random numbers (a fixed op seed in a layer?): "
@@ -139,13 +189,59 @@ class EquivalenceReport:
         return "\n".join(lines)
 
 
-def _finite(record: StepRecord) -> bool:
-    values = [*record.logs.values(), *(float(np.max(np.abs(w))) for w in record.weights.values())]
-    return all(math.isfinite(v) for v in values)
+# ------------------------------------------------------------------------ pure comparison
 
 
-def _close(reference: np.ndarray, other: np.ndarray, rtol: float, atol: float) -> bool:
-    return bool(np.all(np.abs(other - reference) <= atol + rtol * np.abs(reference)))
+def _blown(values: np.ndarray) -> np.ndarray:
+    """Elementwise: NaN, inf, or beyond :data:`OVERFLOW_BOUND`."""
+    with np.errstate(invalid="ignore"):
+        return np.asarray(~np.isfinite(values) | (np.abs(values) > OVERFLOW_BOUND))
+
+
+def agree(a: Any, b: Any, *, rtol: float, atol: float) -> np.ndarray:
+    """Elementwise, whether ``a`` and ``b`` agree (the rule the report applies).
+
+    Both must be finite and within :data:`OVERFLOW_BOUND`, and
+    ``|a - b| <= atol + rtol * min(|a|, |b|)``. The rule is symmetric (which run is the
+    reference does not matter) and takes the smaller magnitude, so a run whose values grew
+    does not widen its own tolerance.
+
+    Examples:
+        >>> bool(agree(1.0, 1.0 + 1e-6, rtol=1e-4, atol=0.0))
+        True
+        >>> bool(agree(1e22, 1e22, rtol=1e-4, atol=0.0))  # overflowing: never agrees
+        False
+    """
+    first, second = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        close = np.abs(second - first) <= atol + rtol * np.minimum(np.abs(first), np.abs(second))
+    return np.asarray(close & ~_blown(first) & ~_blown(second))
+
+
+def _difference(a: np.ndarray, b: np.ndarray) -> float:
+    """The largest ``|a - b|``; inf where either holds a NaN or inf (incomparable)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.where(np.isfinite(a) & np.isfinite(b), np.abs(b - a), np.inf)
+    return float(np.max(diff)) if diff.size else 0.0
+
+
+def _first_blowup(records: Sequence[StepRecord], run: str) -> NonFinite | None:
+    """The first NaN, inf or overflowing value in ``records``: weights first, then logs."""
+    for record in records:
+        for name, value in [*record.weights.items(), *record.logs.items()]:
+            array = np.asarray(value, np.float64)
+            bad = array[_blown(array)]
+            if bad.size:
+                nans, infs = bad[np.isnan(bad)], bad[np.isinf(bad)]
+                worst = nans[0] if nans.size else infs[0] if infs.size else bad[0]
+                return NonFinite(run=run, step=record.step, name=name, value=float(worst))
+    return None
+
+
+def _largest(records: Sequence[StepRecord]) -> float:
+    sizes = [np.abs(np.asarray(w, np.float64)) for r in records for w in r.weights.values()]
+    kept = [s[~np.isnan(s)] for s in sizes]
+    return max((float(np.max(s)) for s in kept if s.size), default=0.0)
 
 
 def compare_records(
@@ -157,17 +253,20 @@ def compare_records(
 ) -> dict[str, Any]:
     """Compare two runs step by step (pure NumPy).
 
+    Two values agree by :func:`agree`: both finite and within :data:`OVERFLOW_BOUND`, and
+    ``|a - b| <= atol + rtol * min(|a|, |b|)``.
+
     Args:
         reference: the one-device run's records.
         distributed: the records under the strategy, at the same steps.
-        rtol: relative tolerance (``|a - b| <= atol + rtol * |reference|``).
+        rtol: relative tolerance.
         atol: absolute tolerance.
 
     Returns:
         The comparison fields of :class:`EquivalenceReport`, as a dict.
 
     Raises:
-        ValueError: the two runs recorded different steps or different weights.
+        ValueError: the two runs recorded different steps.
     """
     if [r.step for r in reference] != [r.step for r in distributed]:
         raise ValueError(
@@ -179,19 +278,24 @@ def compare_records(
     divergent: list[str] = []
     first: int | None = None
     for ref, dist in zip(reference, distributed, strict=True):
-        pairs = [(k, np.float64(ref.logs[k]), np.float64(dist.logs[k])) for k in ref.logs]
-        pairs += [(k, ref.weights[k], dist.weights[k]) for k in ref.weights]
-        for name, a, b in pairs:
-            if name not in dist.logs and name not in dist.weights:
-                continue
-            diff = float(np.max(np.abs(np.asarray(b, np.float64) - a)))
-            table = log_diff if name in ref.logs else weight_diff
+        pairs: list[tuple[str, Any, Any, dict[str, float]]] = [
+            (k, ref.logs[k], dist.logs[k], log_diff) for k in ref.logs if k in dist.logs
+        ]
+        pairs += [
+            (k, ref.weights[k], dist.weights[k], weight_diff)
+            for k in ref.weights
+            if k in dist.weights
+        ]
+        for name, a, b, table in pairs:
+            first_values, second_values = np.asarray(a, np.float64), np.asarray(b, np.float64)
+            diff = _difference(first_values, second_values)
             table[name] = max(table.get(name, 0.0), diff)
-            if not _close(np.asarray(a), np.asarray(b), rtol, atol) and name not in divergent:
+            same = agree(first_values, second_values, rtol=rtol, atol=atol)
+            if not np.all(same) and name not in divergent:
                 divergent.append(name)
                 first = ref.step if first is None else first
-    nan_ref = next((r.step for r in reference if not _finite(r)), None)
-    nan_dist = next((r.step for r in distributed if not _finite(r)), None)
+    found = [_first_blowup(reference, REFERENCE_RUN), _first_blowup(distributed, DISTRIBUTED_RUN)]
+    non_finite = tuple(sorted((f for f in found if f is not None), key=lambda f: f.step))
     return {
         "recorded_steps": tuple(r.step for r in reference),
         "loss_reference": tuple(float(r.logs.get("loss", math.nan)) for r in reference),
@@ -200,11 +304,184 @@ def compare_records(
         "log_differences": log_diff,
         "weight_differences": weight_diff,
         "max_weight_difference": max(weight_diff.values(), default=0.0),
+        "largest_weight": max(_largest(reference), _largest(distributed)),
         "first_divergent_step": first,
         "divergent": tuple(divergent),
-        "nan_step_reference": nan_ref,
-        "nan_step_distributed": nan_dist,
+        "nan_step_reference": found[0].step if found[0] else None,
+        "nan_step_distributed": found[1].step if found[1] else None,
+        "non_finite": non_finite,
     }
+
+
+# ------------------------------------------------------------------- the arguments, first
+
+_MODEL_FN_EXAMPLE = (
+    "def model_fn(): model = keras.Sequential([...]); model.compile(...); return model"
+)
+
+
+def _check_model_fn(model_fn: Any) -> None:
+    instance = not isinstance(model_fn, type)  # a model class is a function that builds one
+    if instance and hasattr(model_fn, "get_weights") and hasattr(model_fn, "trainable_weights"):
+        kind = "model" if hasattr(model_fn, "fit") else "layer"
+        raise TypeError(
+            "model_fn must be a function that builds and compiles a new model, but received "
+            f"a Keras {kind} ({type(model_fn).__name__}). The model is built twice, once "
+            "inside each run's strategy scope, so pass the code that builds it, not a built "
+            f"model: {_MODEL_FN_EXAMPLE}."
+        )
+    if not callable(model_fn):
+        raise TypeError(
+            "model_fn must be a function that builds and compiles a new model, but received "
+            f"{model_fn!r} of type {type(model_fn).__name__}. Pass e.g. {_MODEL_FN_EXAMPLE}."
+        )
+
+
+def _check_replicas(strategy: Any, *, chosen: bool) -> None:
+    replicas = int(strategy.num_replicas_in_sync)
+    if replicas >= 2:
+        return
+    source = "strategy=None chose" if chosen else "received"
+    raise ValueError(
+        "check_replica_equivalence needs a strategy with 2 or more replicas, but "
+        f"{source} {type(strategy).__name__} with {replicas} replica: nothing would be "
+        "compared (one device against one device), so it gives no verdict. Give TensorFlow 2 "
+        "devices: without 2 GPUs, split the CPU into 2 logical devices before TensorFlow "
+        "initialises, first thing in the program (tf.config.set_logical_device_configuration("
+        "tf.config.list_physical_devices('CPU')[0], [tf.config.LogicalDeviceConfiguration()] "
+        "* 2), then strategy = tdu.auto_strategy()), or run `tfdp-utils doctor`, whose "
+        "self-tests train 2 logical CPUs against one device."
+    )
+
+
+def _components(batch: Any) -> Iterator[tuple[str, Any]]:
+    """``(name, tensor)`` for every tensor of a batch: ``x``, ``y[0]``, ``sample_weight``."""
+    from tfdp_utils._tf import tf
+
+    parts = batch if isinstance(batch, tuple) else (batch,)
+    for index, part in enumerate(parts):
+        label = ("x", "y", "sample_weight")[index] if index < 3 else f"element[{index}]"
+        flat = tf.nest.flatten(part)
+        for position, tensor in enumerate(flat):
+            yield (label if len(flat) == 1 else f"{label}[{position}]"), tensor
+
+
+_BATCH_IT = (
+    "Batch it before passing it: e.g. tf.data.Dataset.from_tensor_slices((x, y)).batch(64), "
+    "the global batches fit would train on."
+)
+
+
+def _check_batched(batches: list[Any]) -> list[int]:
+    """Every tensor of every batch has a first (batch) dimension, the same across tensors.
+
+    Returns:
+        Each batch's number of examples.
+    """
+    found: list[int] = []
+    for number, batch in enumerate(batches, 1):
+        sizes: dict[str, int] = {}
+        for name, tensor in _components(batch):
+            shape = tuple(tensor.shape)
+            if not shape:
+                raise ValueError(
+                    "dataset must give batches of examples, but in its batch "
+                    f"{number} {name} is a scalar (shape ()), with no batch dimension: the "
+                    f"dataset looks unbatched. {_BATCH_IT}"
+                )
+            sizes[name] = int(shape[0])
+        if len(set(sizes.values())) > 1:
+            shown = ", ".join(f"{name}: {size}" for name, size in sizes.items())
+            raise ValueError(
+                "dataset must give batches whose tensors all have the number of examples as "
+                f"their first dimension, but its batch {number} has first dimensions {shown}: "
+                "the dataset looks unbatched (each element one example), or its tensors are "
+                f"not aligned. {_BATCH_IT}"
+            )
+        found.extend(set(sizes.values()))
+    return found
+
+
+def _check_split(sizes: list[int], strategy: Any) -> None:
+    """Every batch (of ``sizes`` examples) splits evenly over the replicas."""
+    replicas = int(strategy.num_replicas_in_sync)
+    for number, size in enumerate(sizes, 1):
+        if size % replicas == 0:
+            continue
+        lower = size // replicas * replicas
+        upper = lower + replicas
+        multiples = f"{lower} or {upper}" if lower else f"{upper}"
+        fix = f"Use a global batch that is a multiple of {replicas} (e.g. {multiples})."
+        if number > 1 and number == len(sizes) and size < sizes[0]:
+            fix = (
+                "It is a partial last batch: batch with drop_remainder=True, or pass "
+                f"steps={number - 1}."
+            )
+        elif number > 1:
+            fix = f"Give every batch a multiple of {replicas} examples."
+        raise ValueError(
+            f"dataset's batch {number} has {size} example{'' if size == 1 else 's'}, which "
+            "does not split evenly over "
+            f"the {replicas} replicas of {type(strategy).__name__}: the replicas would train "
+            "on different numbers of examples (tf_keras then weights them unequally, Keras 3 "
+            f"fails), so the runs could not be compared. {fix}"
+        )
+
+
+def _check_model(model: Any, call: str) -> None:
+    if not hasattr(model, "fit"):
+        raise TypeError(
+            f"model_fn must return a compiled Keras model, but its {call} call returned "
+            f"{model!r:.80} of type {type(model).__name__}. End model_fn with `return model`: "
+            f"{_MODEL_FN_EXAMPLE}."
+        )
+    compiled = getattr(model, "compiled", None)  # Keras 3; tf_keras has no such flag
+    if not isinstance(compiled, bool):
+        compiled = getattr(model, "optimizer", None) is not None
+    if not compiled:
+        raise TypeError(
+            "model_fn must return a compiled Keras model (call model.compile(...) inside "
+            f"model_fn), but it returned {type(model).__name__} without an optimizer."
+        )
+
+
+def _check_labels(model: Any, batch: Any) -> None:
+    """Refuse batches without labels for a model whose compiled loss needs them."""
+    from tfdp_utils._tf import keras
+
+    if isinstance(batch, tuple) and len(batch) >= 2:
+        return
+    own = [  # a train_step or compute_loss of the user's may do without labels
+        getattr(type(model), name, None) is not getattr(keras.Model, name, None)
+        for name in ("train_step", "compute_loss")
+    ]
+    loss = getattr(model, "loss", None)
+    if not any(own) and loss:
+        raise ValueError(
+            "dataset must give (x, y) batches for a model compiled with a loss, but its "
+            "batches hold x only (no labels), and the loss "
+            f"{getattr(loss, 'name', loss)!r} compares predictions with labels. Give the "
+            "labels: e.g. tf.data.Dataset.from_tensor_slices((x, y)).batch(64); a model that "
+            "needs no labels overrides train_step (or compute_loss) or adds its loss with add_loss."
+        )
+
+
+def _check_rank(model: Any, batch: Any) -> None:
+    """Refuse x one dimension short of the model's declared input (an unbatched dataset)."""
+    x = batch[0] if isinstance(batch, tuple) else batch
+    try:
+        inputs = list(getattr(model, "inputs", None) or [])
+    except (AttributeError, ValueError):
+        return
+    if len(inputs) != 1 or not hasattr(x, "shape") or not hasattr(inputs[0], "shape"):
+        return
+    expected = tuple(inputs[0].shape)
+    if len(tuple(x.shape)) == len(expected) - 1:
+        raise ValueError(
+            "dataset must give batches of examples, but x in its batch 1 has shape "
+            f"{tuple(x.shape)}, one dimension fewer than the model's input {expected} with "
+            f"its batch dimension: the dataset looks unbatched. {_BATCH_IT}"
+        )
 
 
 # ------------------------------------------------------------------------ TensorFlow part
@@ -271,17 +548,17 @@ def _recorder(records: list[StepRecord], names: list[str], last_step: int) -> An
     return _Recorder()
 
 
-def _build(model_fn: Callable[[], Any], strategy: Any, first_x: Any) -> Any:
+def _make(model_fn: Callable[[], Any], strategy: Any, call: str) -> Any:
     with strategy.scope():
         model = model_fn()
-        if not getattr(model, "compiled_loss", None) and not getattr(model, "optimizer", None):
-            raise TypeError(
-                "model_fn must return a compiled Keras model (call model.compile(...) inside "
-                f"model_fn), but it returned {type(model).__name__} without an optimizer."
-            )
-        if not model.built:
-            model(first_x)
+    _check_model(model, call)
     return model
+
+
+def _ensure_built(model: Any, strategy: Any, first_x: Any) -> None:
+    if not model.built:
+        with strategy.scope():
+            model(first_x)
 
 
 def _train(model: Any, batches: list[Any], names: list[str]) -> list[StepRecord]:
@@ -362,6 +639,15 @@ def check_replica_equivalence(
     over the per-replica batch, metrics aggregated wrongly across replicas, NaNs that appear
     only under the strategy, and layers that draw the same random numbers on every replica.
 
+    Two values agree when both are finite and within ``OVERFLOW_BOUND`` (about 1.8e19) and
+    ``|a - b| <= atol + rtol * min(|a|, |b|)``. A NaN, inf or overflowing value in either run
+    is a divergence, whatever the other run holds.
+
+    The arguments are checked before any training: the strategy must have 2 or more replicas
+    (with 1 nothing would be compared), ``model_fn`` must be a function (not a built model),
+    and the batches must be batched, labelled when the model's compiled loss needs labels, and
+    split evenly over the replicas.
+
     Use the optimizer you train with, and keep ``steps`` small: every weight is kept for every
     step. Adam-like optimizers hide a gradient scaled by a constant (the update is scale-free),
     so that bug shows only in the logged loss or with SGD.
@@ -370,7 +656,8 @@ def check_replica_equivalence(
         model_fn: builds and compiles a fresh model; called once per run, inside the run's
             strategy scope.
         dataset: a ``tf.data.Dataset`` of global batches, as ``fit`` takes them.
-        strategy: the strategy to check. Defaults to `None` (``tdu.auto_strategy()``).
+        strategy: the strategy to check, with 2 or more replicas. Defaults to `None`
+            (``tdu.auto_strategy()``).
         steps: global batches to train on. Defaults to `5`.
         rtol: relative tolerance. Defaults to `1e-4`.
         atol: absolute tolerance. Defaults to `1e-5`.
@@ -382,7 +669,10 @@ def check_replica_equivalence(
 
     Raises:
         ReplicaDivergenceError: the runs diverged and ``on_divergence="raise"``.
-        TypeError: ``dataset`` is not a ``tf.data.Dataset``, or the model is not compiled.
+        TypeError: ``model_fn`` is not a function (e.g. a built model) or does not return a
+            compiled model, or ``dataset`` is not a ``tf.data.Dataset``.
+        ValueError: the strategy has 1 replica; the dataset is unbatched, has no labels for
+            a compiled loss, or has a batch that does not split evenly over the replicas.
         RuntimeError: called inside a strategy scope.
 
     Examples:
@@ -396,6 +686,7 @@ def check_replica_equivalence(
     print(report.summary())
     ```
     """
+    _check_model_fn(model_fn)
     steps = positive_int(steps, "steps", hint="Pass the number of global batches, e.g. 5.")
     rtol = positive_float(rtol, "rtol", allow_zero=True)
     atol = positive_float(atol, "atol", allow_zero=True)
@@ -403,11 +694,26 @@ def check_replica_equivalence(
         raise ValueError(
             f"on_divergence must be 'raise', 'warn' or 'ignore', but received {on_divergence!r}."
         )
+    chosen = strategy is None
     strategy = _resolve_strategy(strategy)
+    _check_replicas(strategy, chosen=chosen)
     batches = _batches(dataset, steps)
+    sizes = _check_batched(batches)
     first_x = batches[0][0] if isinstance(batches[0], tuple) else batches[0]
-    reference = _build(model_fn, _reference_strategy(strategy), first_x)
-    distributed = _build(model_fn, strategy, first_x)
+    one_device = _reference_strategy(strategy)
+    reference = _make(model_fn, one_device, "first")
+    _check_rank(reference, batches[0])
+    _check_labels(reference, batches[0])
+    _check_split(sizes, strategy)
+    _ensure_built(reference, one_device, first_x)
+    distributed = _make(model_fn, strategy, "second")
+    if distributed is reference:
+        raise ValueError(
+            "model_fn must build a new model on each call, but it returned the same "
+            f"{type(reference).__name__} object twice: the two runs would share one model. "
+            f"Build the model inside model_fn: {_MODEL_FN_EXAMPLE}."
+        )
+    _ensure_built(distributed, strategy, first_x)
     names = _weight_names(reference)  # the two builds' auto-names differ (dense, dense_1)
     if len(_compared(distributed)) != len(names):
         raise ValueError(
