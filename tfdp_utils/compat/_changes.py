@@ -9,7 +9,9 @@ leaves them on; none can be undone through the registry (each says why).
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 from typing import Any
 
 from tfdp_utils import _exit_guard as exit_guard
@@ -93,7 +95,43 @@ EXIT_GUARD = RuntimeChange(
     kill_switch=False,
 )
 
-CHANGES = (COLLECTIVE_KEYS, DATASET_CLASS, ACCUMULATION_STEP, STRATEGY_CHOICE, EXIT_GUARD)
+SIGTERM_DEFAULT = RuntimeChange(
+    name="sigterm-default",
+    kind="process",
+    changes="SIGTERM's handler set back to the default (end the process) after "
+    "MultiWorkerMirroredStrategy is built, unless the program set a Python handler",
+    why="TensorFlow's coordination service catches SIGTERM for its preemption notifier, so a "
+    "multi-worker job told to stop (Kubernetes, SLURM, a spot VM) without a preemption "
+    "handler keeps running until it is killed; with the default it ends at once, status "
+    "-15 (143), as a one-process job does. A preemption handler installed afterwards "
+    "(tdu.callbacks.PreemptionCheckpoint, TensorFlow's PreemptionCheckpointHandler) takes "
+    "SIGTERM over as usual. Not a change to Keras, so TFDP_NO_KERAS_PATCHES leaves it on. Not "
+    "undoable: the handler TensorFlow's C++ runtime installed cannot be put back from Python",
+    undoable=False,
+    kill_switch=False,
+)
+
+CHANGES = (
+    COLLECTIVE_KEYS,
+    DATASET_CLASS,
+    ACCUMULATION_STEP,
+    STRATEGY_CHOICE,
+    EXIT_GUARD,
+    SIGTERM_DEFAULT,
+)
+
+
+def restore_sigterm(*, applied_by: str) -> None:
+    """Let SIGTERM end the process again after TensorFlow's runtime caught it (see
+    :data:`SIGTERM_DEFAULT`). Nothing happens off the main thread, or when the program
+    installed a Python handler for SIGTERM (its own, or a preemption callback's)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
+        return
+    with REGISTRY.lock:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        REGISTRY.record(SIGTERM_DEFAULT, applied_by=applied_by)
 
 
 def guard_exits(*, applied_by: str) -> None:

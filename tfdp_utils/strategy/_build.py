@@ -180,6 +180,9 @@ def _build_multi_worker(
         strategy = tf.distribute.MultiWorkerMirroredStrategy(
             cluster_resolver=resolver, communication_options=options
         )
+    from tfdp_utils.compat import _changes
+
+    _changes.restore_sigterm(applied_by="auto_strategy()")  # SIGTERM ends the job again
     if collective_timeout is not None and is_multi_worker(strategy):
         CollectiveWatchdog(collective_timeout).start()  # its thread keeps it alive
         logger.info(
