@@ -19,7 +19,7 @@ own ``sys.excepthook`` prints the time, before tfdp-utils' guard runs) or when t
 sent. Source kinds, replicas, workers and APIs rotate over the runs of a crash, so every
 combination is covered and each crash gets ``--runs`` runs.
 
-    python scripts/crash_repeat.py --runs 20 --flavour keras3
+    python scripts/crash_repeat.py --runs 20 --flavour keras3 --jobs 2
     python scripts/crash_repeat.py --runs 20 --flavour tf_keras --crash sigint
 
 Exits 1 when any run failed.
@@ -28,6 +28,7 @@ Exits 1 when any run failed.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import signal
@@ -332,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flavour", choices=("keras3", "tf_keras"), default="keras3")
     parser.add_argument("--crash", choices=CRASHES, action="append", help="default: all")
     parser.add_argument("--bound", type=float, default=10.0, help="seconds (default 10)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at once (default 1)")
     args = parser.parse_args(argv)
     failed = 0
     with tempfile.TemporaryDirectory() as folder:
@@ -346,12 +348,15 @@ def main(argv: list[str] | None = None) -> int:
             )
         for crash in args.crash or CRASHES:
             start, crash_failed = time.monotonic(), 0
-            for run in range(args.runs):
-                this = combo(crash, run)
-                problems = one_run(this, script, data, args.flavour, args.bound)
-                crash_failed += bool(problems)
-                for problem in problems:
-                    print(f"{crash} run {run} ({this.describe()}): {problem}", flush=True)
+            runs = [combo(crash, run) for run in range(args.runs)]
+            with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+                outcomes = pool.map(
+                    lambda this: one_run(this, script, data, args.flavour, args.bound), runs
+                )
+                for run, (this, problems) in enumerate(zip(runs, outcomes, strict=True)):
+                    crash_failed += bool(problems)
+                    for problem in problems:
+                        print(f"{crash} run {run} ({this.describe()}): {problem}", flush=True)
             seconds = time.monotonic() - start
             print(
                 f"{args.flavour} {crash}: {crash_failed} of {args.runs} runs failed "
