@@ -278,3 +278,11 @@ def test_doctor_fails_on_an_environment_auto_strategy_refuses(
     assert "JSONDecodeError" not in result.stdout + result.stderr
     assert any(line.startswith("  SKIP  TensorFlow checks") for line in lines)
     assert lines[-1].startswith("verdict: FAILED (1 FAIL")
+
+
+@pytest.mark.parametrize(("replicas", "batch"), [(1, 8), (2, 8), (3, 9), (5, 10), (8, 8)])
+def test_the_self_test_batches_split_over_any_number_of_replicas(replicas: int, batch: int) -> None:
+    from tfdp_utils.doctor._checks import EQUIVALENCE_STEPS, whole_batches
+
+    sizes = [int(x.shape[0]) for x, _ in whole_batches(replicas)]
+    assert sizes == [batch] * EQUIVALENCE_STEPS

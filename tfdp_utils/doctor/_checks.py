@@ -57,11 +57,14 @@ def doctor_model(steps_per_execution: int = 1) -> Any:
     return model
 
 
-def doctor_data() -> tuple[np.ndarray, np.ndarray]:
-    """Features and labels of :data:`NUM_EXAMPLES` examples (fixed seed)."""
+def doctor_data(examples: int = NUM_EXAMPLES) -> tuple[np.ndarray, np.ndarray]:
+    """Features and labels of ``examples`` examples (fixed seed; the first ones always the
+    same). Defaults to :data:`NUM_EXAMPLES`."""
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(NUM_EXAMPLES, FEATURES)).astype("float32")
-    return x, rng.integers(0, CLASSES, size=NUM_EXAMPLES).astype("int64")
+    count = max(examples, NUM_EXAMPLES)
+    x = rng.normal(size=(count, FEATURES)).astype("float32")
+    y = rng.integers(0, CLASSES, size=count).astype("int64")
+    return x[:examples], y[:examples]
 
 
 def error_summary(exc: BaseException, limit: int = 300) -> str:
@@ -153,7 +156,7 @@ def check_equivalence(
         compat.apply_for_strategy(strategy)  # what auto_strategy does for this strategy
         report = check_replica_equivalence(
             model_fn or (lambda: doctor_model(steps_per_execution)),
-            whole_batches(),
+            whole_batches(strategy.num_replicas_in_sync),
             strategy=strategy,
             steps=EQUIVALENCE_STEPS,
             on_divergence="ignore",
@@ -288,17 +291,19 @@ def fixed_weights(model: Any) -> list[np.ndarray]:
     return [(0.3 * rng.normal(size=w.shape)).astype(w.dtype) for w in model.get_weights()]
 
 
-def whole_batches() -> Any:
+def whole_batches(replicas: int = 1) -> Any:
     """The doctor's examples in :data:`EQUIVALENCE_STEPS` whole global batches.
 
     Whole, because Keras averages a partial batch per replica (5 examples split 3 + 2 give
-    ``(mean_3 + mean_2) / 2``, not ``mean_5``), which one device cannot reproduce.
+    ``(mean_3 + mean_2) / 2``, not ``mean_5``), which one device cannot reproduce; and each
+    batch splits evenly over ``replicas`` (:data:`GLOBAL_BATCH` rounded up to a multiple of
+    them: 9 on 3 GPUs), which ``check_replica_equivalence`` requires.
     """
     from tfdp_utils._tf import tf
 
-    x, y = doctor_data()
-    whole = EQUIVALENCE_STEPS * GLOBAL_BATCH
-    return tf.data.Dataset.from_tensor_slices((x[:whole], y[:whole])).batch(GLOBAL_BATCH)
+    batch = -(-GLOBAL_BATCH // replicas) * replicas
+    x, y = doctor_data(EQUIVALENCE_STEPS * batch)
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
 
 
 def _train_fixed(strategy: Any) -> dict[str, Any]:
