@@ -124,7 +124,7 @@ def test_element_errors_say_what_to_pass() -> None:
         tdu.single_device_dataset(tf.data.Dataset.range(3))
 
 
-def test_a_self_batching_function_is_called_once_and_says_what_it_cannot_guarantee(
+def test_a_self_batching_function_is_called_once_and_counted_exactly(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     strategy = _mirrored(2)
@@ -139,9 +139,11 @@ def test_a_self_batching_function_is_called_once_and_says_what_it_cannot_guarant
         dist = tdu.build_distributed_dataset(dataset_fn, strategy=strategy)
     assert calls == [0]
     info = dist.tfdp_info
-    assert (info.global_batch_size, info.per_replica_batch_size, info.exact) == (8, 4, False)
+    # Its dataset has a known size: 3 steps of 8, 8 and 4 examples, counted exactly.
+    assert (info.global_batch_size, info.per_replica_batch_size, info.exact) == (8, 4, True)
+    assert (info.steps_per_epoch, info.examples_per_epoch) == (3, 20)
     assert "batches itself (4 per replica" in dist.tfdp_plan.reason
-    assert "Not guaranteed" in caplog.text and "tfdp_info.exact is False" in caplog.text
+    assert "Counted: the 3 steps per epoch" in caplog.text
     parts = [
         [p.numpy().tolist() for p in strategy.experimental_local_results(step)] for step in dist
     ]

@@ -219,8 +219,28 @@ def test_an_endless_source_without_steps_says_so() -> None:
         global_batch_size=BATCH,
     )
     model = make_model(strategy)
-    with pytest.raises(fit_binding.EndlessEpochError, match="the steps you want per epoch"):
+    with pytest.raises(fit_binding.EndlessEpochError, match="the steps you want per epoch") as e:
         model.fit(endless, epochs=1, verbose=0)
+    # repeat='epochs' needs counted epochs: not suggested where the builder would refuse it.
+    assert "repeat='epochs'" not in str(e.value)
+
+
+def test_a_finite_source_of_unknown_size_repeated_is_not_called_infinite() -> None:
+    strategy = strategy_of(2)
+    unsized = (
+        tf.data.Dataset.range(40)
+        .filter(lambda i: i % 2 == 0)
+        .map(lambda i: (tf.fill([4], tf.cast(i, tf.float32)), tf.zeros([1])))
+    )
+    endless = tdu.build_distributed_dataset(
+        unsized, strategy=strategy, global_batch_size=BATCH, repeat=True
+    )
+    model = make_model(strategy)
+    with pytest.raises(fit_binding.EndlessEpochError) as raised:
+        model.fit(endless, epochs=1, verbose=0)
+    message = str(raised.value)
+    assert "the dataset's size is unknown" in message and "is infinite" not in message
+    assert "repeat='epochs'" not in message
 
 
 @pytest.mark.parametrize("replicas", [1, 2], ids=["1rep", "2rep"])

@@ -40,6 +40,9 @@ def _cases(num_workers: int) -> dict[str, dict[str, Any]]:
         "hint": {"n": 21},
         "repeat_epochs": {"n": 4 * num_workers * 2 + 3},
         "files_uneven_counted": {"sizes": UNEVEN_SIZES},
+        # The input tutorial's dataset_fn (batches itself): 2 workers hold 4 batches each,
+        # 3 workers 4, 4 and 3 (the builder counts every worker's batches the same).
+        "self_batched": {"n": 4 * num_workers * 3 + 5},
     }
 
 
@@ -103,6 +106,12 @@ def source(name, case):
                 yield {"id": i}
         sig = {"id": tf.TensorSpec([], tf.int64)}
         return dict(source=tf.data.Dataset.from_generator(gen, output_signature=sig))
+    if name == "self_batched":
+        def batched(context):
+            ds = tf.data.Dataset.range(n).map(lambda i: {"id": i})
+            ds = ds.batch(context.get_per_replica_batch_size(G))
+            return ds.shard(context.num_input_pipelines, context.input_pipeline_id)
+        return dict(source=batched)
     if name == "input_fn":
         def fn(context):
             ds = tf.data.Dataset.range(n)
@@ -223,6 +232,7 @@ KNOWN_COUNTS = {
     "partial_last_batch",
     "repeat_epochs",
     "files_uneven_counted",
+    "self_batched",
 }
 
 
@@ -286,6 +296,7 @@ def test_policies_chosen(cluster_run: Any) -> None:
         "hint": "hint",
         "repeat_epochs": "data",
         "files_uneven_counted": "file",
+        "self_batched": "off",
     }
     # FILE: each worker reads a disjoint set of files that together are all of them.
     for name in ("files_equal", "files_uneven"):

@@ -10,11 +10,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import numpy as np
 import pytest
 
 from tfdp_utils.data._epochs import (
     EpochLayout,
+    EpochPlan,
     StepShape,
+    batches_layout,
+    check_epochs_aligned,
     check_repeat,
     epoch_layout,
     needs_element_check,
@@ -174,20 +178,130 @@ def test_step_shape(shape: StepShape, global_batch: int, per_worker: int) -> Non
 
 
 @pytest.mark.parametrize(
-    ("given", "expected"), [(False, False), (True, True), ("epochs", "epochs")]
+    ("given", "expected"),
+    [
+        (False, False),
+        (True, True),
+        ("epochs", "epochs"),
+        (np.bool_(True), True),  # a NumPy bool is a bool, as for every other flag
+        (np.bool_(False), False),
+    ],
 )
 def test_check_repeat_accepts_the_three_modes(given: Any, expected: Any) -> None:
     assert check_repeat(given) == expected
     assert type(check_repeat(given)) is type(expected)
 
 
-@pytest.mark.parametrize("given", ["yes", "Epochs", "epoch", None, 2, "true"])
-def test_check_repeat_names_the_value_and_the_modes(given: Any) -> None:
+@pytest.mark.parametrize(
+    ("given", "fix"),
+    [
+        ("yes", "Strings other than 'epochs' are not read as booleans"),
+        ("Epochs", "Strings other than 'epochs'"),
+        ("epoch", "Strings other than 'epochs'"),
+        ("true", "Strings other than 'epochs'"),
+        (None, "Pass repeat=False (one pass per epoch, the default), True or 'epochs'."),
+        # Numbers, although 1 == True and 0 == False: repeat=1 read as "once" would repeat
+        # without end (issue 21), and repeat=2 is no count either.
+        (1, "repeat takes no count"),
+        (0, "repeat takes no count"),
+        (2, "repeat takes no count"),
+        (1.0, "fit(epochs=N)"),
+        (np.int64(1), "repeat takes no count"),
+    ],
+)
+def test_check_repeat_names_the_value_the_modes_and_the_fix(given: Any, fix: str) -> None:
     with pytest.raises(ValueError) as info:
         check_repeat(given)
     message = str(info.value)
     assert message.startswith(f"repeat={given!r} is not supported; expected False, True")
     assert "'epochs' (repeat whole epochs, padded to equal steps)" in message
+    assert fix in message
+
+
+# ------------------------------------------------------------- check_epochs_aligned
+
+ALIGNED = EpochPlan(layout=EpochLayout(2, 1, ((3, 3),), 14, 0), epoch_batches=(4,), exact=True)
+UNSIZED = EpochPlan(layout=None)
+SPARSE = EpochPlan(layout=EpochLayout(2, 1, ((3, 3),), 14, 0), epoch_batches=None)
+
+
+@pytest.mark.parametrize(
+    ("plan", "kwargs", "says"),
+    [
+        (ALIGNED, {"repeat": "epochs", "source_kind": "arrays"}, None),
+        (UNSIZED, {"repeat": True, "source_kind": "dataset"}, None),
+        (UNSIZED, {"repeat": False, "source_kind": "files"}, None),
+        (
+            UNSIZED,
+            {"repeat": "epochs", "source_kind": "dataset"},
+            r"tf.data does not know the dataset's size.*assert_cardinality\(N\)",
+        ),
+        (UNSIZED, {"repeat": "epochs", "source_kind": "files"}, "count_examples=True"),
+        (UNSIZED, {"repeat": "epochs", "source_kind": "function"}, "does not count the exam"),
+        (
+            UNSIZED,
+            {"repeat": "epochs", "source_kind": "dataset", "infinite": True},
+            r"infinite: it has no epoch to repeat. Pass repeat=True \(or False\) and fit",
+        ),
+        (
+            UNSIZED,
+            {"repeat": "epochs", "source_kind": "files", "distributed_epoch": True},
+            "service_mode='synchronous'",
+        ),
+        (SPARSE, {"repeat": "epochs", "source_kind": "arrays"}, "sparse or ragged.*to_dense"),
+    ],
+)
+def test_repeat_epochs_is_refused_where_epochs_cannot_be_aligned(
+    plan: EpochPlan, kwargs: dict[str, Any], says: str | None
+) -> None:
+    if says is None:
+        check_epochs_aligned(plan, **kwargs)
+        return
+    with pytest.raises(ValueError, match=says) as info:
+        check_epochs_aligned(plan, **kwargs)
+    assert str(info.value).startswith("repeat='epochs' repeats whole epochs")
+    # It never points back at the value that was just refused as its own fix.
+    assert "or repeat='epochs'" not in str(info.value)
+
+
+# ------------------------------------------------------------------- batches_layout
+
+
+def deal_batches(sizes_per_worker: list[list[int]], local: int) -> list[list[int]]:
+    """Hand each worker's batches to its replicas in turn, as a list of steps (simulation)."""
+    queues = [list(sizes) for sizes in sizes_per_worker]
+    steps = []
+    while any(queues):
+        row = []
+        for queue in queues:
+            for _ in range(local):
+                row.append(queue.pop(0) if queue else 0)
+        steps.append(row)
+    return steps
+
+
+@pytest.mark.parametrize(
+    ("sizes", "batch", "local"),
+    [
+        ([[4] * 12], 4, 1),  # the input tutorial's 12 full batches on one replica
+        ([[4] * 12 + [3]], 4, 2),  # 13 batches on 2 replicas: the last step is (3, 0)
+        ([[4, 4, 2], [4, 4]], 4, 1),  # two workers, the first one batch longer
+        ([[4, 4, 4], [4]], 4, 2),  # uneven workers: steps of the busiest
+        ([[], [4]], 4, 1),  # a worker with nothing
+        ([[]], 4, 2),  # no batches at all
+    ],
+)
+def test_batches_layout_matches_dealing_the_batches(
+    sizes: list[list[int]], batch: int, local: int
+) -> None:
+    layout = batches_layout(sizes, batch, local)
+    dealt = deal_batches(sizes, local)
+    assert layout.steps == len(dealt)
+    full = [batch] * (local * len(sizes))
+    rows = [[batch] * len(full)] * layout.full_steps + [list(row) for row in layout.tail]
+    assert rows == dealt
+    assert all(row != full for row in dealt[layout.full_steps : layout.full_steps + 1])
+    assert layout.examples == sum(map(sum, sizes)) and layout.dropped == 0
 
 
 # ------------------------------------------------------------------- splits_last_step

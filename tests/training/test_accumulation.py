@@ -339,3 +339,39 @@ def test_enable_gradient_accumulation_is_for_tf_keras(strategy):
         tdu.enable_gradient_accumulation(model, 0)
     with pytest.raises(ValueError, match="is not built"):
         tdu.enable_gradient_accumulation(keras.Sequential([keras.layers.Dense(2)]), 2)
+
+
+@pytest.mark.parametrize("not_a_model", ["model", None, 3, [1, 2]])
+def test_enable_gradient_accumulation_names_what_it_received_instead_of_a_model(not_a_model):
+    # Issue 21: on tf_keras the string "model" was taken for a model (AttributeError later).
+    with pytest.raises(TypeError, match=r"model must be a .*model \(keras\.Model\), but received"):
+        tdu.enable_gradient_accumulation(not_a_model, 2)
+
+
+def test_enable_gradient_accumulation_refuses_float16_layers_without_loss_scaling(strategy):
+    x, y = _data(32)
+    with strategy.scope():
+        model = keras.Sequential(
+            [
+                keras.Input((6,)),
+                keras.layers.Dense(8, dtype="mixed_float16"),
+                keras.layers.Dense(3, dtype="float32"),
+            ]
+        )
+        model.compile(keras.optimizers.SGD(0.1), "sparse_categorical_crossentropy")
+    if tdu.IS_KERAS3:  # Keras 3 optimizers accumulate themselves: refused before anything
+        with pytest.raises(RuntimeError, match="gradient_accumulation_steps=2"):
+            tdu.enable_gradient_accumulation(model, 2)
+        return
+    with pytest.raises(ValueError, match=r"'dense.*': dtype=\"mixed_float16\".*LossScaleOptimizer"):
+        tdu.enable_gradient_accumulation(model, 2)
+    # Compiled after enabling: refused when fit traces its step, before any update.
+    with strategy.scope():
+        later = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3, dtype="mixed_float16")])
+    tdu.enable_gradient_accumulation(later, 2)
+    with strategy.scope():
+        later.compile(keras.optimizers.SGD(0.1), "sparse_categorical_crossentropy")
+    before = [w.copy() for w in later.get_weights()]
+    with pytest.raises(ValueError, match=r"compute(s)? in float16"):
+        later.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    assert all(np.array_equal(a, b) for a, b in zip(before, later.get_weights(), strict=True))

@@ -146,3 +146,62 @@ def test_overflow_step_is_skipped_and_counted(strategy, initial_weights, policy)
 def test_float16_without_loss_scaling_is_refused(strategy, initial_weights, policy):
     with pytest.raises(ValueError, match=r"computes in float16.*LossScaleOptimizer"):
         _mixed_setup(strategy, initial_weights, loss_scaling=False)
+
+
+def _float16_layer_model(last_dtype: str = "float32") -> keras.Model:
+    # Float32 model (global policy float32), one hidden layer in float16.
+    return keras.Sequential(
+        [
+            keras.Input((6,)),
+            keras.layers.Dense(16, activation="tanh", dtype="mixed_float16"),
+            keras.layers.Dense(3, dtype=last_dtype),
+        ]
+    )
+
+
+def test_a_float16_layer_without_loss_scaling_is_refused_too(strategy):
+    # Issue 21: only the global policy was caught; a layer's own dtype trained without a word.
+    with strategy.scope():
+        model = _float16_layer_model()
+        optimizer = keras.optimizers.SGD(0.3)
+    assert model.compute_dtype == "float32" and model.layers[0].compute_dtype == "float16"
+    with pytest.raises(ValueError) as raised:
+        tdu.make_distributed_train_step(
+            model,
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none"),
+            optimizer=optimizer,
+            strategy=strategy,
+        )
+    message = str(raised.value)
+    name = model.layers[0].name
+    assert f"has layers that compute in float16 ('{name}'" in message
+    assert "optimizer SGD scales no loss" in message and "LossScaleOptimizer" in message
+
+
+def test_a_float16_layer_with_loss_scaling_trains(strategy, initial_weights):
+    x, y = _data(2)
+    with strategy.scope():
+        model = _float16_layer_model()
+        model.set_weights(initial_weights)
+        optimizer = keras.mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(0.3))
+    step = tdu.make_distributed_train_step(
+        model,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none"),
+        optimizer=optimizer,
+        strategy=strategy,
+    )
+    for batch in _batches(strategy, x, y):
+        step(batch)
+    assert _max_difference(model.get_weights(), initial_weights) > 1e-3
+
+
+def test_bfloat16_layers_need_no_loss_scaling(strategy):
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3, dtype="mixed_bfloat16")])
+        optimizer = keras.optimizers.SGD(0.3)
+    tdu.make_distributed_train_step(
+        model,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none"),
+        optimizer=optimizer,
+        strategy=strategy,
+    )

@@ -101,15 +101,17 @@ def endless_epoch_error(
         )
     else:
         fix = (
-            f"Pass {steps_argument}=<the steps you want per epoch> (the source is infinite, "
-            "so no count covers it)"
+            f"Pass {steps_argument}=<the steps you want per epoch> (the dataset's size is "
+            "unknown, so no count covers it)"
         )
+    # repeat='epochs' needs the epoch's steps, which the builder knows only for counted sources.
+    epochs = " or repeat='epochs'" if steps is not None else ""
     return EndlessEpochError(
         f"{method}() received a dataset from build_distributed_dataset that never ends "
-        "(repeat=True, or an infinite source) as "
+        "(built with repeat=True, or from an infinite source) as "
         f"{data_argument}= and no {steps_argument}=, so its epoch would never end. {fix}, or "
         "build the dataset with repeat=False (one pass per epoch; Keras then re-iterates it "
-        "every epoch) or repeat='epochs'."
+        f"every epoch){epochs}."
     )
 
 

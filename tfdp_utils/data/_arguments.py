@@ -154,7 +154,7 @@ def validate_call(arguments: Mapping[str, Any]) -> BuilderCall:
         shuffle_buffer_size=shuffle_buffer_size,
         data_options=data_options,
         input_options=input_options,
-        reader=arguments["reader"] or tf.data.TFRecordDataset,
+        reader=check_reader(arguments["reader"]),
         repeat=check_repeat(arguments["repeat"]),
     )
 
@@ -171,4 +171,17 @@ def check_cache(cache: Any) -> bool | str:
         f"cache must be True (cache in memory), False (no cache) or a file prefix (a non-empty "
         f"str or pathlib.Path), but received {cache!r} of type {type(cache).__name__}. Pass "
         "cache=True to cache in memory, or cache='/path/to/prefix' to cache in files."
+    )
+
+
+def check_reader(reader: Any) -> Callable[[Any], Any]:
+    """``reader``, or ``tf.data.TFRecordDataset`` for None; a clear error if not callable."""
+    if reader is None:
+        return cast(Callable[[Any], Any], tf.data.TFRecordDataset)
+    if callable(reader):
+        return cast(Callable[[Any], Any], reader)
+    raise TypeError(
+        f"reader must be a function path -> tf.data.Dataset, but received {reader!r} of type "
+        f"{type(reader).__name__}. Pass the class or function itself, e.g. "
+        "reader=tf.data.TextLineDataset (not a string), or reader=None for TFRecord files."
     )

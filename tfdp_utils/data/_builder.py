@@ -23,6 +23,7 @@ from tfdp_utils.data import _single_device as single_device
 from tfdp_utils.data._arguments import (
     BuilderCall,
     check_map_fn,
+    check_reader,
     per_replica_size,
     split_options,
     strategy_or_default,
@@ -33,6 +34,7 @@ from tfdp_utils.data._diagnostics import BuildFacts, Finding, diagnose
 from tfdp_utils.data._epochs import (
     Repeat,
     StepShape,
+    check_epochs_aligned,
     check_repeat,
     dataset_info_for,
     needs_element_check,
@@ -201,7 +203,10 @@ def plan_sharding(
         )
     check_policy(shard_policy)
     facts = gather_facts(
-        source, shard_policy=shard_policy, reader=reader, count_examples=count_examples
+        source,
+        shard_policy=shard_policy,
+        reader=check_reader(reader),
+        count_examples=count_examples,
     )
     plan = plan_from_facts(
         facts,
@@ -273,12 +278,16 @@ def build_distributed_dataset(
             `None`.
         seed: shuffle seed. With DATA sharding every worker must use the same one; None then
             uses :data:`DEFAULT_SHUFFLE_SEED`. Defaults to `None`.
-        repeat: ``True`` repeats the examples without end, every step full (pass
-            ``steps_per_epoch`` to ``fit``). ``"epochs"`` repeats whole epochs: each worker's
-            epoch is padded with empty batches to the same number of steps, so with
-            ``fit(steps_per_epoch=dist.tfdp_info.steps_per_epoch)`` every epoch sees every
-            example exactly once (needs a known size and dense elements; otherwise it acts
-            as ``True``, logged). Defaults to `False`.
+        repeat: ``False``, ``True`` or ``"epochs"`` (a Python or NumPy bool, or that
+            string; numbers such as ``1`` are refused). ``True`` repeats the examples without
+            end, every step full (pass ``steps_per_epoch`` to ``fit``). ``"epochs"`` repeats
+            whole epochs: each worker's epoch is padded with empty batches to the same
+            number of steps, so with ``fit(steps_per_epoch=dist.tfdp_info.steps_per_epoch)``
+            every epoch sees every example exactly once. It needs the examples per worker
+            (arrays, datasets of known size, files with ``count_examples=True``) and dense
+            elements, or a function that batches itself with a known number of batches on
+            every worker; otherwise a ``ValueError`` says how to give it one. Defaults to
+            `False`.
         cache: cache in memory (True) or in files with this prefix. Defaults to `False`.
         drop_remainder: drop the examples that do not fill a step on every replica; the
             number dropped per epoch is logged. Defaults to `False`.
@@ -322,7 +331,8 @@ def build_distributed_dataset(
             than, the replicas; an empty file list, a glob that matches nothing or a missing
             file; an unknown policy; ``"file"`` on a source without files; a batched source
             whose elements cannot be told apart (``element="auto"``); a ``map_fn`` that
-            cannot take the elements.
+            cannot take the elements; ``repeat`` other than False, True or ``"epochs"``, or
+            ``"epochs"`` on a source whose epochs cannot be counted.
         TypeError: an unsupported source or reader.
 
     Examples:
@@ -361,7 +371,13 @@ def build_distributed_dataset(
     if call.service is not None and call.service.mode == "distributed_epoch":
         # The service hands out its batches dynamically: how many steps, and what each
         # replica's last one holds, is known only once the epoch has ended.
-        info = dataclasses.replace(info, exact=False)
+        info = dataclasses.replace(
+            info,
+            exact=False,
+            inexact_reason="service_mode='distributed_epoch' hands batches out dynamically: "
+            "each step is counted as a full global batch, and an epoch's last steps can be "
+            "partial or extra",
+        )
     return single_device.remember(attach(dist, info, planned.plan), arguments, self_batching=False)
 
 
@@ -414,6 +430,13 @@ def _plan_call(
     )
     if not call.repeat:
         _check_not_empty_by_dropping(epochs, shape, drop_remainder=call.drop_remainder)
+    check_epochs_aligned(
+        epochs,
+        repeat=call.repeat,
+        source_kind=facts.kind,
+        infinite=facts.infinite,
+        distributed_epoch=call.service is not None and call.service.mode == "distributed_epoch",
+    )
     diagnosis = BuildFacts(
         plan,
         facts,
@@ -471,12 +494,14 @@ def _function_batches(
         replicas=replicas,
     )
     data_options, input_options = split_options(arguments["options"])
+    position = position_of(strategy)
     dist, info, plan, findings = self_batched.distribute_function_batches(
         strategy,
         source,
         elements,
         per_replica=per_replica,
-        num_workers=position_of(strategy).num_workers,
+        num_workers=position.num_workers,
+        worker_index=position.index,
         shard_policy=arguments["shard_policy"],
         repeat=check_repeat(arguments["repeat"]),
         prefetch=boolean(arguments["prefetch"], "prefetch"),

@@ -273,6 +273,64 @@ def _examples_in_batches(dataset: Any) -> int | None:
     return None
 
 
+# Transformations after a batch whose effect on the batches is read from their arguments.
+_SLICING = frozenset({"_ShardDataset", "_TakeDataset", "_SkipDataset"})
+# After a batch, keeping every batch whole (a map may change its leading size: not here).
+_SIZE_KEEPING = _COUNT_KEEPING - MAP_CLASSES
+
+
+def _static_int(node: Any, attribute: str) -> int | None:
+    value = tf.get_static_value(getattr(node, attribute, None))
+    return None if value is None else int(value)
+
+
+def _slice_sizes(sizes: list[int], name: str, node: Any) -> list[int] | None:
+    """``sizes`` after one shard, take or skip of ``node``; None when its arguments are unknown."""
+    if name == "_ShardDataset":
+        shards, index = _static_int(node, "_num_shards"), _static_int(node, "_index")
+        if shards is None or index is None or shards < 1:
+            return None
+        return sizes[index::shards]
+    count = _static_int(node, "_count")
+    if count is None:
+        return None
+    if name == "_TakeDataset":
+        return sizes if count < 0 else sizes[:count]
+    return [] if count < 0 else sizes[count:]
+
+
+def batch_sizes(dataset: Any) -> list[int] | None:
+    """The leading size of every element of a dataset that ends in a plain ``batch``.
+
+    Read from the batch's input cardinality, its size and ``drop_remainder``, then through what
+    follows it: prefetch, options and cache, and ``shard``, ``take`` and ``skip`` with constant
+    arguments. None when any of that is unknown (a map or a filter after the batch, an input
+    of unknown size, a batch size that is a tensor).
+    """
+    after: list[tuple[str, Any]] = []
+    for name, node in _tf.dataset_chain(dataset):
+        if name in ("BatchDataset", "_BatchDataset"):
+            source = _tf.dataset_input(node)
+            total = None if source is None else cardinality(source)
+            size, drop = _tf.batch_arguments(node)
+            if total is None or total < 0 or size is None or size < 1:
+                return None
+            sizes = [size] * (total // size)
+            if total % size and not drop:
+                sizes.append(total % size)
+            for later_name, later in reversed(after):
+                if later_name in _SLICING:
+                    sliced = _slice_sizes(sizes, later_name, later)
+                    if sliced is None:
+                        return None
+                    sizes = sliced
+            return sizes
+        if name not in _SIZE_KEEPING and name not in _SLICING:
+            return None
+        after.append((name, node))
+    return None
+
+
 # ------------------------------------------------------------------ a source function
 
 

@@ -20,14 +20,37 @@ Repeat = bool | Literal["epochs"]
 REPEAT_MODES: tuple[Repeat, ...] = (False, True, "epochs")
 
 
+def _is_bool(value: Any) -> bool:
+    # A Python bool, or NumPy's (``numpy.bool_``; ``numpy.bool`` in NumPy 2), as _validate takes.
+    return isinstance(value, bool) or (
+        type(value).__module__ == "numpy" and type(value).__name__ in ("bool_", "bool")
+    )
+
+
 def check_repeat(repeat: Any) -> Repeat:
-    """``repeat`` when it is one of :data:`REPEAT_MODES`, else ``ValueError``."""
-    if repeat not in REPEAT_MODES:
-        raise ValueError(
-            f"repeat={repeat!r} is not supported; expected False, True (repeat examples) or "
-            "'epochs' (repeat whole epochs, padded to equal steps)."
+    """``repeat`` when it is one of :data:`REPEAT_MODES`, else ``ValueError``.
+
+    Only the documented values: a bool (Python's or NumPy's) or the string ``"epochs"``. A
+    number is refused although ``1 == True``: ``repeat=1`` reads as "once" and would repeat
+    without end, and ``repeat=2`` is not a count of repetitions either.
+    """
+    if _is_bool(repeat):
+        return bool(repeat)
+    if isinstance(repeat, str) and repeat == "epochs":
+        return "epochs"
+    if isinstance(repeat, (int, float)) or type(repeat).__module__ == "numpy":
+        fix = (
+            " repeat takes no count: for N passes over the data pass repeat=False and "
+            "fit(epochs=N) (each epoch is one pass); repeat=True repeats without end."
         )
-    return "epochs" if repeat == "epochs" else bool(repeat)
+    elif isinstance(repeat, str):
+        fix = " Strings other than 'epochs' are not read as booleans: pass True or False."
+    else:
+        fix = " Pass repeat=False (one pass per epoch, the default), True or 'epochs'."
+    raise ValueError(
+        f"repeat={repeat!r} is not supported; expected False, True (repeat examples) or "
+        f"'epochs' (repeat whole epochs, padded to equal steps).{fix}"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -270,6 +293,105 @@ def plan_epochs(
         take_per_worker=take,
         epoch_batches=batches,
         exact=not repeat or batches is not None,
+    )
+
+
+def batches_layout(
+    sizes_per_worker: Sequence[Sequence[int]], per_replica_batch_size: int, replicas_per_worker: int
+) -> EpochLayout:
+    """The epoch of per-replica batches handed to the replicas as they are. Pure.
+
+    For a ``fn(input_context)`` that batches itself: each worker's local replicas take its
+    batches in turn (batch ``s * R + r`` to local replica ``r`` in step ``s``), every worker
+    runs as many steps as the one with most batches, and a replica without a batch left
+    receives an empty one (as TensorFlow's distributed iterator gives it).
+
+    Args:
+        sizes_per_worker: the examples in each batch of each worker, by worker index.
+        per_replica_batch_size: examples in a full batch.
+        replicas_per_worker: replicas on each worker.
+
+    Returns:
+        An :class:`EpochLayout` (nothing dropped).
+    """
+    local = replicas_per_worker
+    steps = max((math.ceil(len(sizes) / local) for sizes in sizes_per_worker), default=0)
+    rows = []
+    for step in range(steps):
+        row: list[int] = []
+        for sizes in sizes_per_worker:
+            for replica in range(local):
+                position = step * local + replica
+                row.append(sizes[position] if position < len(sizes) else 0)
+        rows.append(tuple(row))
+    full = (per_replica_batch_size,) * (local * len(sizes_per_worker))
+    full_steps = 0
+    while full_steps < steps and rows[full_steps] == full:
+        full_steps += 1
+    examples = sum(sum(sizes) for sizes in sizes_per_worker)
+    return EpochLayout(steps, full_steps, tuple(rows[full_steps:]), examples, 0)
+
+
+OTHER_REPEATS = (
+    "Or pass repeat=False (one pass per epoch; Keras iterates the dataset again every epoch), "
+    "or repeat=True with fit(steps_per_epoch=...) (examples repeat without end: epochs are "
+    "then not passes over the data)."
+)
+
+
+def check_epochs_aligned(
+    epochs: EpochPlan,
+    *,
+    repeat: Repeat,
+    source_kind: str,
+    infinite: bool = False,
+    distributed_epoch: bool = False,
+) -> None:
+    """Refuse ``repeat="epochs"`` where :func:`plan_epochs` could not align the epochs. Pure.
+
+    ``"epochs"`` promises that every ``steps_per_epoch`` steps are one pass over the data,
+    padded to the same steps on every worker; without the examples per worker (or with
+    elements an empty batch cannot pad) that promise cannot be kept, so the builder refuses
+    before training rather than repeat example by example.
+
+    Raises:
+        ValueError: ``repeat="epochs"`` and no aligned epochs, with the fix for the source.
+    """
+    if repeat != "epochs" or epochs.epoch_batches is not None:
+        return
+    alternatives = OTHER_REPEATS
+    if epochs.layout is not None:
+        why = (
+            "the elements (after map_fn) are sparse or ragged, and an epoch is padded with "
+            "empty dense batches"
+        )
+        fix = "Make them dense in map_fn (tf.sparse.to_dense, or .to_tensor() on a ragged tensor)."
+    elif distributed_epoch:
+        why = (
+            "service_mode='distributed_epoch' hands the data out dynamically, so the steps of "
+            "an epoch are known only once it has ended"
+        )
+        fix = "Pass service_mode='synchronous' (exact epochs through the service)."
+    elif infinite:
+        why = "the source is infinite: it has no epoch to repeat"
+        fix = "Pass repeat=True (or False) and fit(steps_per_epoch=<steps per epoch>)."
+        alternatives = ""
+    elif source_kind == "files":
+        why = "the number of examples in the files is unknown"
+        fix = "Pass count_examples=True (each worker reads every file once more before training)."
+    elif source_kind == "dataset":
+        why = "tf.data does not know the dataset's size (a generator, a filter, ...)"
+        fix = (
+            "If you know it (N examples), declare it: "
+            "source = source.apply(tf.data.experimental.assert_cardinality(N))."
+        )
+    else:
+        why = "the builder does not count the examples a fn(input_context) source returns"
+        fix = "Pass the data as a tf.data.Dataset of known size, arrays or counted files."
+    raise ValueError(
+        "repeat='epochs' repeats whole epochs padded to equal steps on every worker, which "
+        f"needs the examples each worker holds per epoch, but {why}. {fix}"
+        + (f" {alternatives}" if alternatives else "")
     )
 
 

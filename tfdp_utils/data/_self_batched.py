@@ -21,11 +21,14 @@ from tfdp_utils.data._diagnostics import Finding
 from tfdp_utils.data._elements import (
     EXAMPLES,
     SourceElements,
+    batch_sizes,
     classify,
 )
+from tfdp_utils.data._epochs import OTHER_REPEATS, EpochLayout, Repeat, batches_layout
 from tfdp_utils.data._info import DatasetInfo
+from tfdp_utils.data._pipeline import empty_batch
 from tfdp_utils.data._sharding import ShardingPlan, SourceFacts, plan_from_facts
-from tfdp_utils.data._sources import is_dataset
+from tfdp_utils.data._sources import cardinality, dense_only, is_dataset
 
 
 class _RecordingContext(tf.distribute.InputContext):  # type: ignore[misc]
@@ -208,37 +211,197 @@ def check_function_options(options: dict[str, Any]) -> None:
             )
 
 
-def function_plan(plan: ShardingPlan, elements: SourceElements, per_replica: int) -> ShardingPlan:
-    """``plan`` whose reason also says that the function batches itself, and how much."""
+@dataclasses.dataclass(frozen=True)
+class FunctionEpoch:
+    """What the builder counted of a function's own batches, over every worker.
+
+    Attributes:
+        batches_per_worker: batches the function's dataset holds on each worker (after the
+            builder's shard, if any); None when unknown on some worker.
+        steps: steps every worker runs per epoch (the busiest worker's), when counted.
+        layout: each replica's examples in every step, when every batch's size is known.
+        examples_per_worker: examples each worker's batches hold, when every size is known.
+        infinite: whether the function's dataset never ends on some worker.
+        unknown: why the batches are not counted, in words ("" when they are).
+    """
+
+    batches_per_worker: tuple[int, ...] | None = None
+    steps: int | None = None
+    layout: EpochLayout | None = None
+    examples_per_worker: tuple[int, ...] | None = None
+    infinite: bool = False
+    unknown: str = ""
+
+    @property
+    def uneven(self) -> bool:
+        """Whether the workers hold different numbers of batches."""
+        return self.batches_per_worker is not None and len(set(self.batches_per_worker)) > 1
+
+
+def _worker_dataset(source: Callable[[Any], Any], context: Any, own_index: int) -> Any:
+    """The dataset the function returns for ``context``; the builder's first look for its own."""
+    if isinstance(source, ProbedFunction):
+        if int(context.input_pipeline_id) == own_index:
+            return source.first[0]
+        source = source.function
+    return _call(source, context)[0]
+
+
+def _sizes(
+    dataset: Any, count: int, elements: SourceElements, per_replica: int
+) -> list[int] | None:
+    # Every batch's size: read from the chain, or all full when the batch size is static.
+    sizes = batch_sizes(dataset)
+    if sizes is None and elements.batch_size == per_replica:
+        sizes = [per_replica] * count
+    if sizes is None or len(sizes) != count or any(size > per_replica for size in sizes):
+        return None
+    return sizes
+
+
+def count_function_batches(
+    source: Callable[[Any], Any],
+    elements: SourceElements,
+    *,
+    per_replica: int,
+    replicas: int,
+    num_workers: int,
+    worker_index: int,
+    shard: bool,
+) -> FunctionEpoch:
+    """Count the batches the function returns on every worker, and their sizes where known.
+
+    The function is called with every worker's input context (which builds datasets and
+    reads nothing; this worker's is the call the builder already made), so every worker
+    counts the same steps without talking to the others.
+
+    Args:
+        source: the function (a :class:`ProbedFunction` after the builder's look).
+        elements: what its elements are.
+        per_replica: examples in a full batch.
+        replicas: replicas in sync over all workers.
+        num_workers: input pipelines.
+        worker_index: this worker's pipeline.
+        shard: whether the builder shards the function's batches (``shard_policy="data"``).
+    """
+    per_worker: list[int] = []
+    sizes: list[list[int]] | None = []
+    infinite = False
+    for index in range(num_workers):
+        context = tf.distribute.InputContext(num_workers, index, replicas)
+        try:
+            dataset = _worker_dataset(source, context, worker_index)
+        except Exception as error:  # the pipeline calls it again and raises it there
+            return FunctionEpoch(
+                unknown=f"calling it for input pipeline {index} of {num_workers} raised "
+                f"{type(error).__name__}: {error}"
+            )
+        if shard:
+            dataset = dataset.shard(num_workers, index)
+        count = cardinality(dataset)
+        if count == -1:
+            infinite = True
+            continue
+        if count is None:
+            return FunctionEpoch(
+                unknown="tf.data does not know the size of the dataset it returns for input "
+                f"pipeline {index} of {num_workers}"
+            )
+        per_worker.append(count)
+        found = _sizes(dataset, count, elements, per_replica)
+        sizes = None if sizes is None or found is None else [*sizes, found]
+    if infinite:
+        return FunctionEpoch(infinite=True, unknown="the dataset it returns never ends")
+    local = max(1, replicas // num_workers)
+    steps = max((-(-count // local) for count in per_worker), default=0)
+    if sizes is None:
+        return FunctionEpoch(tuple(per_worker), steps)
+    return FunctionEpoch(
+        tuple(per_worker),
+        steps,
+        batches_layout(sizes, per_replica, local),
+        tuple(sum(worker) for worker in sizes),
+    )
+
+
+def function_plan(
+    plan: ShardingPlan, elements: SourceElements, per_replica: int, counted: FunctionEpoch
+) -> ShardingPlan:
+    """``plan`` with what the function batches and what the builder counted of it."""
     how = (
         f"input_context.get_per_replica_batch_size({elements.requested_global_batch_size})"
         if elements.requested_global_batch_size is not None
         else "its own .batch()"
     )
+    if counted.layout is not None:
+        known = "steps and per-step counts from its dataset's size and batches"
+    elif counted.steps is not None:
+        known = "steps from its dataset's size; per-step counts unknown"
+    else:
+        known = "steps and per-step counts unknown"
     return dataclasses.replace(
         plan,
-        reason=f"{plan.reason}; it batches itself ({per_replica} per replica, from {how}): "
-        "steps and per-step counts unknown",
+        reason=f"{plan.reason}; it batches itself ({per_replica} per replica, from {how}): {known}",
+        examples_per_worker=counted.examples_per_worker,
+        steps_per_worker=counted.steps,
     )
 
 
-def function_finding(elements: SourceElements, per_replica: int, *, exact: bool) -> Finding:
-    """What the builder cannot guarantee for a function that batches itself."""
-    counts = (
-        "every batch is full and every step is counted as full"
-        if exact
-        else "the examples in each step are unknown (tfdp_info.exact is False: throughput "
-        "counts every step as full), the last step is not split evenly (a replica may get an "
-        "empty batch)"
-    )
-    return Finding(
-        logging.INFO,
-        f"the source function returns per-replica batches of {per_replica} ({elements.reason}); "
-        "they go to the replicas as they are, as Strategy.distribute_datasets_from_function "
-        f"defines. Not guaranteed: each example once per epoch (the function must split its "
-        f"data by input_context.input_pipeline_id); {counts}. For exact counts and an evenly "
-        "split last step, return unbatched examples and pass global_batch_size=.",
-    )
+def function_findings(
+    elements: SourceElements, per_replica: int, counted: FunctionEpoch, *, exact: bool
+) -> list[Finding]:
+    """What the builder counted, and cannot guarantee, for a function that batches itself."""
+    if exact and counted.layout is not None:
+        counts = (
+            f"the {counted.steps} steps per epoch and each replica's examples in every step "
+            "are counted from the dataset it returns (its size and batches)"
+        )
+    elif exact:
+        counts = "every batch is full and every step is counted as full"
+    else:
+        steps = (
+            f"the {counted.steps} steps per epoch are counted from the size of the dataset it "
+            "returns, but "
+            if counted.steps is not None
+            else ""
+        )
+        counts = (
+            f"{steps}the examples in each step are unknown (tfdp_info.exact is False: "
+            "throughput counts every step as full)"
+        )
+    findings = [
+        Finding(
+            logging.INFO,
+            f"the source function returns per-replica batches of {per_replica} "
+            f"({elements.reason}); they go to the replicas as they are, as "
+            "Strategy.distribute_datasets_from_function defines. Not guaranteed: each example "
+            "once per epoch (the function must split its data by "
+            f"input_context.input_pipeline_id); the last step is not split evenly (a replica "
+            f"may get an empty batch). Counted: {counts}. For an evenly split last step, "
+            "return unbatched examples and pass global_batch_size=.",
+        )
+    ]
+    if counted.steps == 0:
+        findings.append(
+            Finding(
+                logging.WARNING,
+                "the source function returns no batches on any worker: fit would train "
+                "nothing. Check the data it reads (an empty glob, a shard or filter that keeps "
+                "nothing).",
+            )
+        )
+    if counted.uneven:
+        findings.append(
+            Finding(
+                logging.WARNING,
+                "the source function returns different numbers of batches on the workers "
+                f"({', '.join(map(str, counted.batches_per_worker or ()))} by input pipeline): "
+                f"every worker runs {counted.steps} steps per epoch, and those that run out "
+                "first feed empty batches. Split the data evenly by "
+                "input_context.input_pipeline_id if that is not intended.",
+            )
+        )
+    return findings
 
 
 def function_info(
@@ -247,32 +410,90 @@ def function_info(
     per_replica: int,
     replicas: int,
     workers: int,
-    repeat: bool,
+    repeat: Repeat,
+    counted: FunctionEpoch | None = None,
 ) -> DatasetInfo:
-    """The ``DatasetInfo`` of a function's own per-replica batches: sizes, no counts.
+    """The ``DatasetInfo`` of a function's own per-replica batches.
 
-    Exact only when every batch is full (a static batch size) and the data repeats, so that
-    no epoch ends in a partial or empty batch.
+    Steps per epoch when every worker's dataset has a known size; exact per-replica counts
+    when every batch's size is known too. With ``repeat=True`` (or a function whose dataset
+    never ends) exact only when every batch is full (a static batch size).
     """
+    counted = counted or FunctionEpoch()
+    if (repeat is True) or counted.infinite:
+        return DatasetInfo(
+            global_batch_size=per_replica * replicas,
+            per_replica_batch_size=per_replica,
+            num_replicas_in_sync=replicas,
+            num_workers=workers,
+            repeat=True,
+            exact=elements.batch_size == per_replica,
+        )
+    layout = counted.layout
     return DatasetInfo(
         global_batch_size=per_replica * replicas,
         per_replica_batch_size=per_replica,
         num_replicas_in_sync=replicas,
         num_workers=workers,
-        repeat=repeat,
-        exact=repeat and elements.batch_size == per_replica,
+        examples_per_epoch=None if layout is None else layout.examples,
+        steps_per_epoch=counted.steps,
+        full_steps=None if layout is None else layout.full_steps,
+        tail=() if layout is None else layout.tail,
+        repeat=repeat == "epochs",
+        exact=layout is not None,
     )
+
+
+def check_function_epochs(
+    counted: FunctionEpoch, *, repeat: Repeat, replicas_per_worker: int, dense: bool
+) -> None:
+    """Refuse ``repeat="epochs"`` on a function's batches when the epochs cannot be aligned.
+
+    Raises:
+        ValueError: the batches are not counted on every worker, or a worker's epoch would be
+            padded with empty batches of sparse or ragged elements.
+    """
+    if repeat != "epochs":
+        return
+    if counted.steps is None:
+        why = counted.unknown or "its batches are not counted"
+        fix = (
+            "If you know the batches per worker (N), declare them at the end of the function: "
+            "dataset.apply(tf.data.experimental.assert_cardinality(N)); and repeat in the "
+            "builder, not in the function."
+        )
+        raise ValueError(
+            "repeat='epochs' repeats whole epochs padded to equal steps on every worker, which "
+            "needs the number of batches the source function returns on each worker, but "
+            f"{why}. {fix} {OTHER_REPEATS}"
+        )
+    batches = counted.batches_per_worker or ()
+    padded = any(count < counted.steps * replicas_per_worker for count in batches)
+    if padded and not dense:
+        raise ValueError(
+            "repeat='epochs' pads each worker's epoch to "
+            f"{counted.steps * replicas_per_worker} batches ({counted.steps} steps) with empty "
+            "batches, but the source function's batches are sparse or ragged, which an empty "
+            "dense batch cannot pad. Return dense batches, or the same number of batches "
+            f"(a multiple of {replicas_per_worker}) on every worker. {OTHER_REPEATS}"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
 class FunctionBatches:
-    """What each worker's pipeline does with a function's own batches."""
+    """What each worker's pipeline does with a function's own batches.
+
+    Attributes:
+        padding: with ``repeat="epochs"``, the empty batches each worker (by index) adds to
+            its epoch so that every epoch has the same steps on every worker; None otherwise.
+    """
 
     plan: ShardingPlan
     requested_global_batch_size: int | None
     repeat: bool
     prefetch: bool
     data_options: Any
+    padding: tuple[int, ...] | None = None
 
 
 def per_worker_batches(recipe: FunctionBatches, source: Callable[[Any], Any], context: Any) -> Any:
@@ -297,6 +518,11 @@ def per_worker_batches(recipe: FunctionBatches, source: Callable[[Any], Any], co
         )
     if recipe.plan.policy == "data":
         dataset = dataset.shard(workers, index)
+    if recipe.padding is not None:
+        pad = recipe.padding[index]
+        if pad > 0:
+            empty = tf.data.Dataset.from_tensors(empty_batch(dataset.element_spec))
+            dataset = dataset.concatenate(empty.repeat(pad))
     if recipe.repeat:
         dataset = dataset.repeat()
     if recipe.prefetch:
@@ -315,41 +541,62 @@ def distribute_function_batches(
     *,
     per_replica: int,
     num_workers: int,
+    worker_index: int = 0,
     shard_policy: str,
-    repeat: bool | str,
+    repeat: Repeat,
     prefetch: bool,
     data_options: Any,
     input_options: Any,
 ) -> tuple[Any, DatasetInfo, ShardingPlan, list[Finding]]:
-    """The distributed dataset of a function's own per-replica batches, its info, plan, findings."""
+    """The distributed dataset of a function's own per-replica batches, its info, plan, findings.
+
+    Raises:
+        ValueError: ``repeat="epochs"`` on batches whose epochs cannot be aligned (see
+            :func:`check_function_epochs`).
+    """
     replicas = int(strategy.num_replicas_in_sync)
     plan = plan_from_facts(
         SourceFacts("function"), shard_policy=shard_policy, num_workers=num_workers
     )
-    plan = function_plan(plan, elements, per_replica)
+    local = max(1, replicas // num_workers)
+    counted = count_function_batches(
+        source,
+        elements,
+        per_replica=per_replica,
+        replicas=replicas,
+        num_workers=num_workers,
+        worker_index=worker_index,
+        shard=plan.policy == "data",
+    )
+    batch_spec = source.first[0].element_spec if isinstance(source, ProbedFunction) else None
+    check_function_epochs(
+        counted,
+        repeat=repeat,
+        replicas_per_worker=local,
+        dense=batch_spec is not None and dense_only(batch_spec),
+    )
+    plan = function_plan(plan, elements, per_replica, counted)
     info = function_info(
         elements,
         per_replica=per_replica,
         replicas=replicas,
         workers=num_workers,
-        repeat=bool(repeat),
+        repeat=repeat,
+        counted=counted,
     )
-    findings = [function_finding(elements, per_replica, exact=info.exact)]
-    if repeat == "epochs":
-        findings.append(
-            Finding(
-                logging.INFO,
-                "repeat='epochs' needs the examples per epoch, which a function that batches "
-                "itself does not tell; repeating its batches instead.",
-            )
-        )
+    findings = function_findings(elements, per_replica, counted, exact=info.exact)
     findings.append(Finding(logging.INFO, plan.describe()))
+    padding = None
+    if repeat == "epochs" and counted.steps is not None:
+        batches = counted.batches_per_worker or ()
+        padding = tuple(counted.steps * local - count for count in batches)
     recipe = FunctionBatches(
         plan,
         elements.requested_global_batch_size,
         repeat=bool(repeat),
         prefetch=prefetch,
         data_options=data_options,
+        padding=padding,
     )
     dist = strategy.distribute_datasets_from_function(
         lambda context: per_worker_batches(recipe, source, context), options=input_options

@@ -9,6 +9,7 @@ read only through :mod:`tfdp_utils._tf`'s named helpers.
 from __future__ import annotations
 
 import glob
+import inspect
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -67,6 +68,7 @@ def source_kind(source: Any) -> SourceKind:
             "tf.data.Dataset. Check the list you built (e.g. a glob that matched nothing)."
         )
     if callable(source):
+        _check_takes_context(source)
         return "function"
     if _looks_like_arrays(source):
         return "arrays"
@@ -75,6 +77,23 @@ def source_kind(source: Any) -> SourceKind:
         "tf.data.Dataset, numpy arrays (or a tuple/dict of them), a file path, a list of paths "
         "or a glob, or a function fn(input_context) -> tf.data.Dataset."
     )
+
+
+def _check_takes_context(function: Callable[..., Any]) -> None:
+    """A source function must take one argument, the ``tf.distribute.InputContext``."""
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):  # builtins and some C callables have none
+        return
+    try:
+        signature.bind(None)
+    except TypeError:
+        raise TypeError(
+            f"the source function {getattr(function, '__name__', function)}{signature} cannot "
+            "take an input context: a function source is called as fn(input_context) on every "
+            "worker. Give it one argument (def dataset_fn(input_context): ...), or pass the "
+            "dataset itself instead of a function that makes it."
+        ) from None
 
 
 def array_length(source: Any) -> int:

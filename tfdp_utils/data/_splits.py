@@ -9,6 +9,8 @@ per epoch, with the same batch size. Both have exact counts.
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import logging
 import math
 from typing import Any
@@ -120,6 +122,41 @@ def _split_source(
     return examples.take(split_at), examples.skip(split_at), split_at, total - split_at, "example"
 
 
+# Keras' names for what the builder calls otherwise, and fit()'s own arguments.
+_KERAS_NAMES = {
+    "batch_size": "the builder calls it global_batch_size=",
+    "shuffle": "the builder shuffles with shuffle_buffer_size=",
+    "validation_data": "that is fit()'s argument: split_for_validation returns it",
+    "epochs": "that is fit()'s argument",
+    "steps_per_epoch": "that is fit()'s argument",
+}
+
+
+def check_builder_arguments(kwargs: dict[str, Any], builder: Any) -> None:
+    """Refuse keyword arguments the builder does not take, before anything is split.
+
+    Raises:
+        TypeError: a name that is not an argument of ``build_distributed_dataset``, with the
+            builder's name for it (``batch_size`` -> ``global_batch_size``) where one exists.
+    """
+    accepted = set(inspect.signature(builder).parameters) - {"source", "element"}
+    for name in kwargs:
+        if name in accepted:
+            continue
+        if name in ("source", "element"):
+            hint = f"pass {name} once, as split_for_validation's own argument"
+        elif name in _KERAS_NAMES:
+            hint = _KERAS_NAMES[name]
+        else:
+            close = difflib.get_close_matches(name, sorted(accepted), n=1)
+            hint = f"did you mean {close[0]}=?" if close else "see build_distributed_dataset"
+        raise TypeError(
+            f"split_for_validation() received {name}=, which is not an argument of "
+            f"build_distributed_dataset ({hint}). It takes validation_split=, element= and the "
+            f"builder's arguments: {', '.join(sorted(accepted))}."
+        )
+
+
 def split_for_validation(
     source: Any, *, validation_split: float, element: str = "auto", **kwargs: Any
 ) -> tuple[Any, Any]:
@@ -165,6 +202,7 @@ def split_for_validation(
     """
     from tfdp_utils.data._builder import build_distributed_dataset
 
+    check_builder_arguments(kwargs, build_distributed_dataset)
     fraction = _check_fraction(validation_split)
     element = element_kinds.check_element(element)
     train_source, validation_source, n_train, n_validation, element = _split_source(

@@ -244,11 +244,17 @@ def worker_backup_dir(backup_dir: str | os.PathLike[str], strategy: Any = None) 
     Returns:
         The directory for this worker.
 
+    Raises:
+        TypeError: ``backup_dir`` is not a path, or ``strategy`` is not a
+            ``tf.distribute.Strategy`` (a name such as ``"mirrored"`` is not one).
+        ValueError: ``backup_dir`` is empty.
+
     Examples:
         >>> backup = tdu.worker_backup_dir("gs://bucket/job1/backup", strategy)  # doctest: +SKIP
         >>> model.fit(dist, callbacks=[keras.callbacks.BackupAndRestore(backup)])  # doctest: +SKIP
     """
     from tfdp_utils._tf import IS_KERAS3, tf
+    from tfdp_utils._validate import strategy as check_strategy
     from tfdp_utils.cluster._topology import position_of
 
     if not isinstance(backup_dir, (str, os.PathLike)):
@@ -256,8 +262,15 @@ def worker_backup_dir(backup_dir: str | os.PathLike[str], strategy: Any = None) 
             f"backup_dir must be a directory path (str or os.PathLike), but received "
             f"{backup_dir!r} of type {type(backup_dir).__name__}; pass e.g. '/tmp/backup'."
         )
+    if strategy is not None:
+        check_strategy(strategy)
     base = os.fspath(backup_dir)
-    position = position_of(strategy or tf.distribute.get_strategy())
+    if not base.strip():
+        raise ValueError(
+            f"backup_dir={base!r} is empty; expected the job's backup directory. Pass e.g. "
+            "'/tmp/backup' or 'gs://bucket/job1/backup'."
+        )
+    position = position_of(strategy if strategy is not None else tf.distribute.get_strategy())
     if not IS_KERAS3 or not position.is_multi_worker:
         return base
     return base.rstrip("/") + f"/worker_{position.index}"

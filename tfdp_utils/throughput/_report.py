@@ -483,19 +483,11 @@ def plot_path_problem(path: str) -> str | None:
     return None
 
 
-def _emit(text: str) -> bool:
-    """Print ``text`` to stdout; False when the reader has gone (``report ... | head -1``)."""
-    try:
-        print(text)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        # Later writes (and the interpreter's own flush at exit) would fail again: send them
-        # nowhere, and end quietly.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-        return False
-    return True
+def _emit(text: str) -> None:
+    """Print ``text`` to stdout. A reader that has gone (``report ... | head -1``) raises
+    BrokenPipeError here, which the ``tfdp-utils`` command ends quietly, as every command."""
+    print(text)
+    sys.stdout.flush()
 
 
 def run(args: argparse.Namespace) -> int:

@@ -88,6 +88,8 @@ def in_cross_replica_cond(predicate: Any, branch: Any) -> None:
 def _accumulating_train_step(model: Any, data: Any) -> Any:
     """tf_keras ``train_step`` that applies the mean gradient of every k micro-batches."""
     state: _FitState = model._tfdp_accumulation
+    # Runs while fit traces its step, before any update: compile may come after enabling.
+    mixed_precision.check_policy(model, model.optimizer)
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
     with tf.GradientTape() as tape:
         y_pred = model(x, training=True)
@@ -135,13 +137,23 @@ def enable_gradient_accumulation(model: Any, accumulation_steps: int) -> Any:
 
     Raises:
         RuntimeError: on Keras 3, whose optimizers accumulate themselves.
-        ValueError: the model is not built, or ``accumulation_steps`` is not positive.
-        TypeError: ``accumulation_steps`` is not an integer.
+        ValueError: the model is not built, ``accumulation_steps`` is not positive, or the
+            model (or a layer in it) computes in float16 and its optimizer scales no loss
+            (checked here when the model is compiled, else when ``fit`` starts).
+        TypeError: ``model`` is not a Keras model, or ``accumulation_steps`` is not an
+            integer.
 
     Examples:
         >>> model = tdu.enable_gradient_accumulation(model, 4)  # doctest: +SKIP
         >>> model.fit(dataset_of_micro_batches, epochs=3)  # doctest: +SKIP
     """
+    if not isinstance(model, keras.Model):
+        raise TypeError(
+            f"model must be a {'tf_keras' if not IS_KERAS3 else 'Keras'} model "
+            f"(keras.Model), but received {model!r} of type {type(model).__name__}. Build the "
+            "model first (under strategy.scope()) and pass the object: "
+            "tdu.enable_gradient_accumulation(model, 4)."
+        )
     steps = positive_int(accumulation_steps, "accumulation_steps")
     if IS_KERAS3:
         raise RuntimeError(
@@ -155,6 +167,8 @@ def enable_gradient_accumulation(model: Any, accumulation_steps: int) -> Any:
             f"model {getattr(model, 'name', model)!r} is not built, so its gradients have no "
             "shapes yet. Build it first (give it a keras.Input, under strategy.scope())."
         )
+    if getattr(model, "optimizer", None) is not None:
+        mixed_precision.check_policy(model, model.optimizer)
     model._tfdp_accumulation = _FitState(model, steps)
     from tfdp_utils.compat import _changes as compat_changes  # listed by tdu.compat.status()
 

@@ -61,18 +61,50 @@ def current_loss_scale(optimizer: Any) -> float | None:
     return float(factor) if factor is not None else None
 
 
+def _layers(model: Any) -> list[Any]:
+    """``model`` and every layer inside it (nested models included), on both Kerases."""
+    flatten = getattr(model, "_flatten_layers", None)
+    if callable(flatten):
+        return list(flatten(include_self=True, recursive=True))
+    return [model]
+
+
+def float16_layers(model: Any) -> list[str]:
+    """Names of the layers of ``model`` (itself included) that compute in float16.
+
+    A model's own ``compute_dtype`` comes from the global policy when it was built; a layer
+    built with ``dtype="mixed_float16"`` computes in float16 under a float32 model, and its
+    gradients underflow the same way.
+    """
+    return [
+        str(getattr(layer, "name", layer))
+        for layer in _layers(model)
+        if str(getattr(layer, "compute_dtype", "float32")) == "float16"
+    ]
+
+
 def check_policy(model: Any, optimizer: Any) -> None:
-    """Refuse a float16 model without loss scaling: its small gradients would vanish.
+    """Refuse a model with float16 layers and no loss scaling: small gradients would vanish.
 
     Raises:
-        ValueError: the model computes in float16 and ``optimizer`` scales no loss.
+        ValueError: the model, or any layer in it, computes in float16 and ``optimizer``
+            scales no loss.
     """
-    compute_dtype = str(getattr(model, "compute_dtype", "float32"))
-    if compute_dtype != "float16" or current_loss_scale(optimizer) is not None:
+    layers = float16_layers(model)
+    if not layers or current_loss_scale(optimizer) is not None:
         return
+    name = str(getattr(model, "name", model))
+    if name in layers:
+        what = f"model {name!r} computes in float16 (the mixed_float16 policy)"
+    else:
+        shown = ", ".join(repr(layer) for layer in layers[:3])
+        more = f" and {len(layers) - 3} more" if len(layers) > 3 else ""
+        what = (
+            f"model {name!r} has layers that compute in float16 ({shown}{more}: "
+            'dtype="mixed_float16")'
+        )
     raise ValueError(
-        f"model {getattr(model, 'name', model)!r} computes in float16 (the mixed_float16 "
-        f"policy), but optimizer {type(optimizer).__name__} scales no loss, so small "
+        f"{what}, but optimizer {type(optimizer).__name__} scales no loss, so small "
         "gradients underflow to zero. Wrap it: optimizer = "
         "keras.mixed_precision.LossScaleOptimizer(optimizer), under strategy.scope(); or use "
         "the mixed_bfloat16 policy, which needs no loss scaling."
