@@ -6,11 +6,13 @@ Real processes that crash are in tests/test_crash_exits.py.
 from __future__ import annotations
 
 import gc
+import subprocess
 import sys
 import weakref
 from typing import Any
 
 import pytest
+from support.processes import run_python
 
 from tfdp_utils import _exit_guard as guard
 
@@ -104,3 +106,27 @@ def test_an_excepthook_chained_before_the_guard_still_runs() -> None:
     hook = guard.make_excepthook(lambda t, e, tb: seen.append(t.__name__))
     hook(KeyboardInterrupt, KeyboardInterrupt(), None)
     assert seen == ["KeyboardInterrupt"]
+
+
+STUCK = """
+import sys, threading, time
+from tfdp_utils import _exit_guard as guard
+
+guard.ACTIVE, guard.GRACE = True, float(sys.argv[1]) or None
+guard.register_at_exit()
+sys.excepthook = guard.make_excepthook(sys.excepthook)
+threading.Thread(target=time.sleep, args=(3600,)).start()  # a thread that never ends
+raise ValueError("boom")
+"""
+
+
+def test_the_backstop_ends_a_process_that_a_thread_keeps_alive() -> None:
+    done = run_python(STUCK, timeout=60, args=("1",))
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "ValueError: boom" in done.stderr
+    assert "Timeout (0:00:01)!" in done.stderr  # faulthandler's dump of every thread
+
+
+def test_without_the_backstop_the_same_process_stays_alive() -> None:
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_python(STUCK, timeout=10, args=("0",))

@@ -19,11 +19,11 @@ train step:
   after an uncaught error, clears the frames of the kept traceback (and of the exceptions
   chained to it), drops ``sys.last_*`` and collects garbage, so the iterator is destroyed as it
   is when it goes out of scope during training (0.3-2 s for a busy pipeline);
-* a backstop for what that cannot free (an iterator in a module global, another ``atexit``
-  handler that hangs): :func:`faulthandler.dump_traceback_later` with ``exit=True``, a C
-  thread that needs no GIL, prints every thread's stack and ends the process with status 1
-  when it is still alive :data:`DEFAULT_GRACE` seconds later (``TFDP_EXIT_GRACE`` changes it,
-  ``0`` turns it off);
+* a backstop for what that cannot free (an iterator in a module global, a thread that never
+  ends, another ``atexit`` handler that hangs): armed when the uncaught error is reported,
+  :func:`faulthandler.dump_traceback_later` with ``exit=True``, a C thread that needs no GIL,
+  prints every thread's stack and ends the process with status 1 when it is still alive
+  :data:`DEFAULT_GRACE` seconds later (``TFDP_EXIT_GRACE`` changes it, ``0`` turns it off);
 * a ``sys.excepthook`` wrapper, chained to the hook it replaces, that only records the status
   (1 for an exception, 130 for KeyboardInterrupt);
 * after Ctrl-C (KeyboardInterrupt), once the release is done and logging and stdio are
@@ -56,13 +56,14 @@ from typing import Any
 from tfdp_utils import _variables
 from tfdp_utils._validate import env_seconds, is_off_word
 
-DEFAULT_GRACE = 5.0
-"""Seconds the interpreter may take to finish exiting after an uncaught error (the backstop)."""
+DEFAULT_GRACE = 8.0
+"""Seconds a process may take to exit after its uncaught error is reported (the backstop)."""
 
 ExceptHook = Callable[[type[BaseException], BaseException, TracebackType | None], Any]
 
 _lock = threading.Lock()
 _registered = False
+_armed = False
 _status: int | None = None
 
 
@@ -126,6 +127,8 @@ def make_excepthook(previous: ExceptHook) -> ExceptHook:
             return previous(error_type, error, tb)
         finally:
             _status = status_for(error_type)
+            if _status is not None:
+                arm_backstop()  # from the error's report on: thread joins, atexit, teardown
 
     return excepthook
 
@@ -179,16 +182,26 @@ def _at_exit() -> None:
     if not ACTIVE:
         return
     status = _status if _status is not None else status_for(getattr(sys, "last_type", None))
+    if status is not None:
+        arm_backstop()  # before the release, which can itself wait (a once-armed timer stays)
     release_uncaught()
-    if status is None or interactive() or under_pytest():
-        return
-    if status == 130:
+    if status == 130 and not interactive() and not under_pytest():
         _die_by_sigint()
-    seconds = GRACE
-    if seconds:
-        _flush()
-        # A C thread without the GIL: it fires even while the interpreter's teardown is stuck.
-        faulthandler.dump_traceback_later(seconds, exit=True)
+
+
+def arm_backstop() -> None:
+    """End the process (status 1, every thread's stack dumped) :data:`GRACE` seconds from now.
+
+    Armed once, when the uncaught error is reported (or at exit, when another excepthook
+    replaced the guard's): a C thread without the GIL, so it fires even while the
+    interpreter's teardown is stuck. Never in an interactive session or under pytest.
+    """
+    global _armed
+    if _armed or not ACTIVE or not GRACE or interactive() or under_pytest():
+        return
+    _armed = True
+    _flush()
+    faulthandler.dump_traceback_later(GRACE, exit=True)
 
 
 def _die_by_sigint() -> None:
