@@ -228,6 +228,10 @@ def test_the_service_distributed_epoch_mode_is_reported_as_derived(
             service=f"grpc://{address}",
             service_mode="distributed_epoch",
             repeat=not IS_KERAS3,
+            # tf_keras keeps a repeating dataset's iterator (and its requests) alive after fit;
+            # the servers stop at the end of this test, and the watch must not end the test
+            # process over requests nobody waits for.
+            service_timeout=3600,
         )
         model = make_model(strategy)
         logger = ThroughputLogger(tmp_path)
