@@ -6,6 +6,7 @@ Real processes that crash are in tests/test_crash_exits.py.
 from __future__ import annotations
 
 import gc
+import signal
 import subprocess
 import sys
 import weakref
@@ -130,3 +131,22 @@ def test_the_backstop_ends_a_process_that_a_thread_keeps_alive() -> None:
 def test_without_the_backstop_the_same_process_stays_alive() -> None:
     with pytest.raises(subprocess.TimeoutExpired):
         run_python(STUCK, timeout=10, args=("0",))
+
+
+def test_after_ctrl_c_every_error_is_ctrl_cs(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A multi-worker call interrupted by Ctrl-C can fail first with a peer's error.
+    monkeypatch.setattr(guard, "INTERRUPTED", False)
+    with pytest.raises(KeyboardInterrupt):
+        guard.interrupt_handler(signal.SIGINT, None)
+    assert guard.INTERRUPTED is True
+    assert guard.status_for(RuntimeError) == 130
+
+
+def test_the_sigint_handler_is_replaced_only_where_python_s_own_is_in_place() -> None:
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    patch = guard.note_interrupts()
+    assert patch is not None and patch.installed()
+    assert signal.getsignal(signal.SIGINT) is guard.interrupt_handler
+    assert guard.note_interrupts() is None  # not Python's own any more: left alone
+    patch.undo()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

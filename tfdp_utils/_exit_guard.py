@@ -110,10 +110,57 @@ def under_pytest() -> bool:
 
 
 def status_for(error: type[BaseException] | None) -> int | None:
-    """The status an uncaught ``error`` ends the process with; None for none or SystemExit."""
+    """The status an uncaught ``error`` ends the process with; None for none or SystemExit.
+
+    After Ctrl-C every error is Ctrl-C's (130): in a multi-worker job the interrupted call can
+    fail first with the error of a peer that Ctrl-C ended too.
+    """
     if error is None or issubclass(error, SystemExit):
         return None
-    return 130 if issubclass(error, KeyboardInterrupt) else 1
+    return 130 if INTERRUPTED or issubclass(error, KeyboardInterrupt) else 1
+
+
+INTERRUPTED = False
+"""Whether SIGINT (Ctrl-C) reached this process while the guard's handler was installed."""
+
+
+def interrupt_handler(signum: int, frame: Any) -> None:
+    """Python's own SIGINT handler (raise KeyboardInterrupt), noting that Ctrl-C came."""
+    global INTERRUPTED
+    INTERRUPTED = True
+    raise KeyboardInterrupt
+
+
+class HandlerPatch:
+    """The SIGINT handler replaced by :func:`interrupt_handler`, undone like a compat ``Patch``."""
+
+    def __init__(self, previous: Any) -> None:
+        self.previous = previous
+
+    def installed(self) -> bool:
+        """Whether :func:`interrupt_handler` still handles SIGINT."""
+        return bool(signal.getsignal(signal.SIGINT) is interrupt_handler)
+
+    def undo(self) -> None:
+        """Put the previous handler back (only if ours is still the one installed)."""
+        if self.installed():
+            signal.signal(signal.SIGINT, self.previous)
+
+    def describe(self) -> str:
+        """What this patch replaced, in words."""
+        return "signal SIGINT handler"
+
+
+def note_interrupts() -> HandlerPatch | None:
+    """Handle SIGINT with :func:`interrupt_handler` where Python's default handler is in place
+    (main thread only); None when another handler is the program's own."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is not signal.default_int_handler:
+        return None
+    signal.signal(signal.SIGINT, interrupt_handler)
+    return HandlerPatch(previous)
 
 
 def make_excepthook(previous: ExceptHook) -> ExceptHook:

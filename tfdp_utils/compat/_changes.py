@@ -83,8 +83,9 @@ STRATEGY_CHOICE = RuntimeChange(
 EXIT_GUARD = RuntimeChange(
     name="exit-guard",
     kind="process",
-    changes="sys.excepthook wrapped (it records the exit status), and an atexit handler that "
-    "frees what an uncaught error keeps alive, with a faulthandler backstop",
+    changes="sys.excepthook wrapped (it records the exit status), Python's SIGINT handler "
+    "replaced by one that also notes Ctrl-C, and an atexit handler that frees what an "
+    "uncaught error keeps alive, with a faulthandler backstop",
     why="after an uncaught error or Ctrl-C in fit, the traceback Python keeps holds a live "
     "tf.data iterator; destroyed during interpreter teardown, an iterator over a "
     "from_generator reader waits forever for Python threads the interpreter has ended, and "
@@ -148,11 +149,14 @@ def guard_exits(*, applied_by: str) -> None:
         seconds = exit_guard.grace()
         exit_guard.register_at_exit()
         hook = exit_guard.make_excepthook(sys.excepthook)
-        patches = [
+        patches: list[Any] = [
             replace_method(sys, "excepthook", hook, change=EXIT_GUARD.name),
             set_attribute(exit_guard, "GRACE", seconds),
             set_attribute(exit_guard, "ACTIVE", True),
         ]
+        interrupts = exit_guard.note_interrupts()  # after Ctrl-C, every error is Ctrl-C's
+        if interrupts is not None:
+            patches.append(interrupts)
         REGISTRY.record(EXIT_GUARD, applied_by=applied_by, patches=patches)
 
 
