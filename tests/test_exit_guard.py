@@ -143,10 +143,14 @@ def test_after_ctrl_c_every_error_is_ctrl_cs(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_the_sigint_handler_is_replaced_only_where_python_s_own_is_in_place() -> None:
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    patch = guard.note_interrupts()
-    assert patch is not None and patch.installed()
-    assert signal.getsignal(signal.SIGINT) is guard.interrupt_handler
-    assert guard.note_interrupts() is None  # not Python's own any more: left alone
-    patch.undo()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    # An earlier test in this process may have installed the guard: start from Python's own.
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        patch = guard.note_interrupts()
+        assert patch is not None and patch.installed()
+        assert signal.getsignal(signal.SIGINT) is guard.interrupt_handler
+        assert guard.note_interrupts() is None  # not Python's own any more: left alone
+        patch.undo()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, before)
