@@ -154,3 +154,47 @@ def test_the_sigint_handler_is_replaced_only_where_python_s_own_is_in_place() ->
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
         signal.signal(signal.SIGINT, before)
+
+
+SWALLOWED = """
+import os, signal, sys, time
+from tfdp_utils import _exit_guard as guard
+
+guard.note_interrupts()
+if sys.argv[1] == "wrapped":
+    sys.unraisablehook = guard.make_unraisablehook(sys.unraisablehook)
+
+
+class Finalized:
+    def __del__(self):  # Ctrl-C arrives while a finalizer runs, as in an input pipeline's
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+
+
+Finalized()  # dropped at once: its __del__ runs here
+for _ in range(200):
+    time.sleep(0.01)
+print("NOT INTERRUPTED", flush=True)
+"""
+
+
+def test_ctrl_c_that_a_finalizer_swallowed_is_delivered_again() -> None:
+    done = run_python(SWALLOWED, timeout=60, args=("wrapped",))
+    assert "Exception ignored in" in done.stderr, done.stderr[-2000:]
+    assert "NOT INTERRUPTED" not in done.stdout
+    assert done.returncode in (-signal.SIGINT, 130), done.stderr[-2000:]
+
+
+def test_without_the_wrapper_a_swallowed_ctrl_c_is_lost() -> None:
+    done = run_python(SWALLOWED, timeout=60, args=("plain",))
+    assert "Exception ignored in" in done.stderr, done.stderr[-2000:]
+    assert "NOT INTERRUPTED" in done.stdout
+    assert done.returncode == 0
+
+
+def test_the_unraisable_wrapper_leaves_other_errors_alone() -> None:
+    seen: list[Any] = []
+    hook = guard.make_unraisablehook(seen.append)
+    unraisable = type("Unraisable", (), {"exc_type": ValueError})()
+    hook(unraisable)  # would raise KeyboardInterrupt later if it delivered SIGINT
+    assert seen == [unraisable]

@@ -26,6 +26,11 @@ train step:
   :data:`DEFAULT_GRACE` seconds later (``TFDP_EXIT_GRACE`` changes it, ``0`` turns it off);
 * a ``sys.excepthook`` wrapper, chained to the hook it replaces, that only records the status
   (1 for an exception, 130 for KeyboardInterrupt);
+* a ``sys.unraisablehook`` wrapper: Ctrl-C that lands while Python runs a finalizer (a
+  ``__del__``, a weakref callback: the input pipeline's iterators run many) is printed as
+  "Exception ignored in ..." and lost, and the job trains on as if never interrupted; the
+  wrapper prints it as before and delivers SIGINT again (``_thread.interrupt_main``), until it
+  lands in the program's own code;
 * after Ctrl-C (KeyboardInterrupt), once the release is done and logging and stdio are
   flushed, the process ends at once by SIGINT, as CPython ends an interrupted run after its
   teardown (a parent sees -2, a shell 130): a multi-worker runtime can keep that teardown
@@ -40,6 +45,7 @@ needs nothing. ``TFDP_EXIT_GUARD=0`` keeps the guard from being installed.
 
 from __future__ import annotations
 
+import _thread
 import atexit
 import contextlib
 import faulthandler
@@ -49,6 +55,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
@@ -163,6 +170,36 @@ def note_interrupts() -> HandlerPatch | None:
     return HandlerPatch(previous)
 
 
+UnraisableHook = Callable[[Any], Any]
+
+
+def make_unraisablehook(previous: UnraisableHook) -> UnraisableHook:
+    """A ``sys.unraisablehook`` that calls ``previous`` (which prints), then, for a Ctrl-C that
+    a finalizer swallowed while :func:`interrupt_handler` handles SIGINT, delivers SIGINT
+    again to the main thread."""
+
+    def unraisablehook(unraisable: Any) -> Any:
+        try:
+            return previous(unraisable)
+        finally:
+            error_type = getattr(unraisable, "exc_type", None)
+            if (
+                isinstance(error_type, type)
+                and issubclass(error_type, KeyboardInterrupt)
+                and signal.getsignal(signal.SIGINT) is interrupt_handler
+            ):
+                # From a helper thread, a moment later: delivered now, it would land in the
+                # rest of this hook, which is still inside the finalizer's call.
+                _thread.start_new_thread(_interrupt_main_soon, ())
+
+    return unraisablehook
+
+
+def _interrupt_main_soon() -> None:
+    time.sleep(0.01)
+    _thread.interrupt_main(signal.SIGINT)
+
+
 def make_excepthook(previous: ExceptHook) -> ExceptHook:
     """A ``sys.excepthook`` that calls ``previous`` (which prints), then records the status."""
 
@@ -249,6 +286,28 @@ def arm_backstop() -> None:
     _armed = True
     _flush()
     faulthandler.dump_traceback_later(GRACE, exit=True)
+
+
+def exit_within(status: int) -> None:
+    """Make the coming ``SystemExit(status)`` end the process with ``status``, without teardown.
+
+    For exits made on purpose (a preemption after its checkpoint): the ``SystemExit`` still
+    unwinds the program's ``finally`` blocks and runs its ``atexit`` handlers, but the handler
+    registered here (the last, so the first to run) flushes logging and stdio and ends the
+    process before the interpreter's teardown, where a live input pipeline can keep a process
+    alive (see the module docstring). The backstop (:func:`arm_backstop`, status 1 with every
+    thread's stack) covers a program thread that never ends before ``atexit``.
+    """
+
+    def end() -> None:
+        logging.shutdown()
+        _flush()
+        os._exit(status)
+
+    atexit.register(end)
+    if GRACE and not interactive() and not under_pytest():
+        _flush()
+        faulthandler.dump_traceback_later(GRACE, exit=True)
 
 
 def _die_by_sigint() -> None:
