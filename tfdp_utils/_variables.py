@@ -25,6 +25,30 @@ NO_KERAS_PATCHES = "TFDP_NO_KERAS_PATCHES"
 SLURM_PORT_BASE = "TFDP_SLURM_PORT_BASE"
 """The first port of a SLURM job's cluster."""
 
+NUM_WORKERS = "TFDP_NUM_WORKERS"
+"""The worker pods of a Kubernetes Indexed Job or JobSet (the manifest passes it)."""
+
+PORT = "TFDP_PORT"
+"""The port every worker pod of a Kubernetes job listens on."""
+
+SUBDOMAIN = "TFDP_SUBDOMAIN"
+"""The headless Service of a Kubernetes Indexed Job (the pod template's ``subdomain``)."""
+
+HOSTS_OVERRIDE = "TFDP_HOSTS_OVERRIDE"
+"""Testing aid: ``pod-dns-name=host:port,...`` replaces Kubernetes pods' addresses."""
+
+JOBSET_NAME = "JOBSET_NAME"
+"""A JobSet's name (label ``jobset.sigs.k8s.io/jobset-name``, passed by the downward API)."""
+
+REPLICATED_JOB_NAME = "REPLICATED_JOB_NAME"
+"""A JobSet pod's replicated job (label ``jobset.sigs.k8s.io/replicatedjob-name``)."""
+
+REPLICATED_JOB_REPLICAS = "REPLICATED_JOB_REPLICAS"
+"""A JobSet's replicated job's Jobs (label ``jobset.sigs.k8s.io/replicatedjob-replicas``)."""
+
+JOB_INDEX = "JOB_INDEX"
+"""A JobSet pod's Job index (annotation ``jobset.sigs.k8s.io/job-index``)."""
+
 EXIT_GUARD = "TFDP_EXIT_GUARD"
 """``0`` keeps tfdp-utils from installing its exit guard (a crashed job always ends)."""
 
@@ -41,6 +65,10 @@ OURS: tuple[str, ...] = (
     SERVICE_TIMEOUT,
     NO_KERAS_PATCHES,
     SLURM_PORT_BASE,
+    NUM_WORKERS,
+    PORT,
+    SUBDOMAIN,
+    HOSTS_OVERRIDE,
     EXIT_GUARD,
     EXIT_GRACE,
     TRACEBACK,
@@ -55,5 +83,7 @@ REPORTED: tuple[str, ...] = (
     "TPU_NAME",
     "SLURM_PROCID",
     "SLURM_STEP_NUM_TASKS",
+    "JOB_COMPLETION_INDEX",
+    JOBSET_NAME,
 )
 """What ``tfdp-utils env`` reports: the variables that decide what ``auto_strategy()`` builds."""

@@ -1,7 +1,10 @@
-"""Where this process is: the cluster from TF_CONFIG or SLURM, validated. Pure (no TensorFlow).
+"""Where this process is: the cluster from TF_CONFIG, SLURM or Kubernetes, validated. Pure.
 
 ============================  =============================================================
-``cluster/_config.py``        ``ClusterConfig``, TF_CONFIG and SLURM parsing and validation
+``cluster/_config.py``        ``ClusterConfig``, TF_CONFIG parsing and validation
+``cluster/_slurm.py``         a cluster from srun's variables
+``cluster/_kubernetes.py``    a cluster from an Indexed Job or JobSet pod
+``cluster/_environments.py``  the environments above, in order (TF_CONFIG wins)
 ``cluster/_topology.py``      one ``WorkerPosition`` from a strategy or a cluster
 ``cluster/_rendezvous.py``    the bounded peer rendezvous before a multi-worker strategy
 ============================  =============================================================

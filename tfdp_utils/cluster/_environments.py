@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 
 from tfdp_utils._validate import mapping
 from tfdp_utils.cluster._config import ClusterConfig, parse_tf_config
+from tfdp_utils.cluster._kubernetes import parse_kubernetes
 from tfdp_utils.cluster._slurm import parse_slurm
 
 
@@ -34,6 +35,8 @@ class ClusterEnvironment:
 ENVIRONMENTS: tuple[ClusterEnvironment, ...] = (
     ClusterEnvironment("TF_CONFIG", lambda environ: parse_tf_config(environ.get("TF_CONFIG"))),
     ClusterEnvironment("SLURM", parse_slurm),
+    # After SLURM: a pod's variables reach every process in it, srun's describe one task.
+    ClusterEnvironment("Kubernetes", parse_kubernetes),
 )
 """The environments a cluster spec comes from, the first that describes one winning."""
 
@@ -43,7 +46,7 @@ NAMES = " / ".join(environment.name for environment in ENVIRONMENTS)
 
 def cluster_from_environment(environ: Mapping[str, str] | None = None) -> ClusterConfig | None:
     """The cluster this process belongs to, from the first of :data:`ENVIRONMENTS` that
-    describes one (TF_CONFIG first, then SLURM); None when alone."""
+    describes one (TF_CONFIG first, then SLURM, then Kubernetes); None when alone."""
     environ = os.environ if environ is None else mapping(environ, "environ")
     for environment in ENVIRONMENTS:
         config = environment.parse(environ)

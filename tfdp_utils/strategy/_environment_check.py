@@ -41,6 +41,7 @@ SERVICE_TIMEOUT_EXAMPLE = 300.0
 CHECKED: tuple[str, ...] = (
     "TF_CONFIG",
     "SLURM_*",
+    f"Kubernetes ({_variables.NUM_WORKERS}, {_variables.PORT}, ...)",
     _variables.STRATEGY,
     _variables.CLUSTER_TIMEOUT,
     _variables.COLLECTIVE_TIMEOUT,
