@@ -65,6 +65,46 @@ def test_version_checks_read_metadata_without_importing_tensorflow() -> None:
     assert {"Python", "TensorFlow package", "Keras", "tf_keras", "TensorBoard", "Ray"} <= set(names)
 
 
+def _tensorboard_line(path: str) -> dict[str, Any]:
+    """The doctor's tensorboard-command check, in a child process whose PATH is ``path``."""
+    code = (
+        "import json\n"
+        "from tfdp_utils.doctor import _command as doctor\n"
+        "checks = {c.name: c.as_dict() for c in doctor.version_checks()}\n"
+        "print(json.dumps(checks['tensorboard command']))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "PATH": path},
+    )
+    assert result.returncode == 0, result.stderr
+    line: dict[str, Any] = json.loads(result.stdout)
+    return line
+
+
+def test_a_missing_tensorboard_command_is_reported_with_how_to_view_the_logs(
+    tmp_path: Any,
+) -> None:
+    line = _tensorboard_line(str(tmp_path))  # an empty directory: no tensorboard on PATH
+    assert line["status"] == "WARN"
+    assert "not on PATH" in line["detail"]
+    assert "tfdp-utils report LOGDIR" in line["detail"]
+    assert "tfdp-utils[report]" in line["detail"]
+
+
+def test_a_tensorboard_command_on_path_is_named(tmp_path: Any) -> None:
+    command = tmp_path / "tensorboard"
+    command.write_text("#!/bin/sh\n")
+    command.chmod(0o755)
+    line = _tensorboard_line(str(tmp_path))
+    assert line["status"] == "INFO"
+    assert line["detail"].startswith(str(command))
+
+
 def test_two_tensorflow_flavours_at_once_are_flagged() -> None:
     assert doctor.flavour_check({}).status == "FAIL"
     assert doctor.flavour_check({"tensorflow-cpu": "2.21.0"}).status == "INFO"

@@ -142,3 +142,6 @@ class FitState:
     boundary_from: tuple[int, tuple[int, ...]] = (0, ())
     validation_started: float | None = None  # host time of on_test_begin
     validation_in_boundary: float = 0.0  # validation seconds inside the epoch boundary
+    # (clock seconds, step, examples) at the end of the epoch's first step: the epoch's figures
+    # for Keras' logs run from here to its last step.
+    epoch_mark: tuple[float, int, int] | None = None

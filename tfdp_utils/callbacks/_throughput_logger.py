@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import math
 import os
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -50,6 +51,12 @@ from tfdp_utils.training import _accumulation as accumulation
 
 _Callback: Any = keras.callbacks.Callback
 _EPOCH_START = "epoch_start"
+EXAMPLES_PER_SEC_KEY = "examples_per_sec"
+STEPS_PER_SEC_KEY = "steps_per_sec"
+# Callbacks that record the epoch's logs when they are called: listed before ThroughputLogger,
+# they record the epoch before its figures are added.
+_RECORDING_CLASSES = ("CSVLogger", "TensorBoard")
+_RECORDING_MODULES = ("mlflow", "wandb", "comet_ml", "neptune", "clearml", "dvclive", "aim")
 logger = logging.getLogger("tfdp_utils")
 
 
@@ -110,6 +117,13 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
             FLOPs/s. Defaults to `None`.
         peak_flops_per_replica: peak FLOPs/s of one replica's device, to log model FLOPs
             utilisation (needs ``flops_per_example``). Defaults to `None`.
+        epoch_logs: add the epoch's global ``examples_per_sec`` and ``steps_per_sec`` to
+            Keras' epoch ``logs``, so that ``History``, ``CSVLogger`` and the Keras callbacks
+            of other loggers record them. They cover the epoch from the end of its first step
+            to the end of its last (validation left out), and are absent for an epoch of one
+            step. List ThroughputLogger before the callbacks that record them: a
+            ``UserWarning`` at train begin names a recording callback listed before it.
+            Defaults to `True`.
 
     Raises:
         TypeError: for arguments of the wrong type (e.g. a plain ``tf.data.Dataset`` as
@@ -142,6 +156,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         memory: bool = True,
         flops_per_example: float | None = None,
         peak_flops_per_replica: float | None = None,
+        epoch_logs: bool = True,
     ) -> None:
         super().__init__()
         if not isinstance(log_dir, (str, os.PathLike)) or not os.fspath(log_dir):
@@ -180,6 +195,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         self._given_info = self._dataset_info(dataset)
         self.per_replica = boolean(per_replica, "per_replica")
         self.memory = boolean(memory, "memory")
+        self.epoch_logs = boolean(epoch_logs, "epoch_logs")
         # Validates the FLOPs arguments now rather than at train begin.
         ThroughputMeter(
             flops_per_example=flops_per_example, peak_flops_per_replica=peak_flops_per_replica
@@ -233,6 +249,8 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
 
     def on_train_begin(self, logs: Mapping[str, Any] | None = None) -> None:
         self._writers.close()  # left open when a previous fit raised before on_train_end
+        if self.epoch_logs:
+            self._run_before_recorders()
         self._fit = None
         model = self.model
         if getattr(model, "optimizer", None) is None:
@@ -339,6 +357,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         seconds = max(0.0, fit.clock.resume(_EPOCH_START) - fit.validation_in_boundary)
         fit.validation_in_boundary = 0.0
         fit.epoch_starts.append(seconds)
+        fit.epoch_mark = (fit.clock.now(), step, sum(fit.counter.counts))
         if fit.placement.position.is_chief:
             self._put(GLOBAL_RUN, tags.EPOCH_START_SECONDS, seconds, fit.counter.epoch_start)
 
@@ -352,6 +371,51 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
             start = fit.counter.epoch_start
             fit.epoch_last = start + fit.steps_in_epoch if steps else UNBOUNDED
             self._schedule(fit)
+
+    @staticmethod
+    def _epoch_figures(fit: FitState, step: int) -> dict[str, float]:
+        """The epoch's global rates from the end of its first step to the end of its last."""
+        if fit.epoch_mark is None:
+            return {}
+        started, from_step, from_examples = fit.epoch_mark
+        # The clock stopped at the epoch's last step (the boundary started there).
+        seconds = fit.clock.now() - started
+        steps = step - from_step
+        if steps <= 0 or seconds <= 0:
+            return {}
+        examples = sum(fit.counter.counts) - from_examples
+        return {EXAMPLES_PER_SEC_KEY: examples / seconds, STEPS_PER_SEC_KEY: steps / seconds}
+
+    def _run_before_recorders(self) -> None:
+        """Move this logger ahead of the callbacks that record epoch logs, in this fit's list.
+
+        Keras' ``CallbackList`` calls its callbacks in list order with one ``logs`` dict, so a
+        recorder listed earlier (``CSVLogger``, ``TensorBoard``, MLflow's or W&B's callback)
+        would write each epoch before this logger adds its figures. Moving this logger within
+        the list during ``on_train_begin`` keeps the loop that is calling it correct: the
+        callbacks it moves past have had their ``on_train_begin`` already, and the loop goes
+        on with the callback that followed it.
+        """
+        caller = sys._getframe(2).f_locals.get("self")  # CallbackList.on_train_begin's self
+        callbacks = getattr(caller, "callbacks", None)
+        if not isinstance(callbacks, list) or self not in callbacks:
+            return
+        mine = callbacks.index(self)
+        earlier = [
+            i
+            for i, c in enumerate(callbacks[:mine])
+            if type(c).__name__ in _RECORDING_CLASSES
+            or type(c).__module__.split(".")[0] in _RECORDING_MODULES
+        ]
+        if not earlier:
+            return
+        names = ", ".join(type(callbacks[i]).__name__ for i in earlier)
+        callbacks.insert(earlier[0], callbacks.pop(mine))
+        logger.info(
+            "tfdp_utils: ThroughputLogger now runs before %s in this fit, so that they record "
+            "its epoch figures; list it first to keep your order.",
+            names,
+        )
 
     def _schedule(self, fit: FitState) -> None:
         """The step at which the batch-end hook next has work: a log point or a boundary end."""
@@ -393,6 +457,9 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
             step = self._read_step()
             fit.counter.count_to(step)
             self._start_epoch_boundary(fit)  # already started at the last step, if known
+            if self.epoch_logs and isinstance(logs, dict):
+                logs.update(self._epoch_figures(fit, step))
+            fit.epoch_mark = None
             fit.counter.end_epoch(step)
             fit.epoch_last = UNBOUNDED
             self._schedule(fit)

@@ -27,6 +27,7 @@ import dataclasses
 import json
 import os
 import platform
+import shutil
 import socket
 import subprocess
 import sys
@@ -157,7 +158,30 @@ def version_checks() -> list[Check]:
         checks.append(
             Check("versions", label, "INFO", installed_version(distribution) or "not installed")
         )
+    checks.append(tensorboard_command_check())
     return checks
+
+
+def tensorboard_command_check(path: str | None = None) -> Check:
+    """Whether the ``tensorboard`` command is on ``path`` (``PATH`` by default), and how else
+    to view ThroughputLogger's logs (TensorFlow 2.21 no longer installs TensorBoard)."""
+    found = shutil.which("tensorboard", path=path)
+    if found:
+        return Check("versions", "tensorboard command", "INFO", f"{found} --logdir LOGDIR")
+    package = installed_version("tensorboard")
+    install = (
+        f"the tensorboard {package} package is installed but its command is not on PATH: run "
+        f"'{sys.executable} -m tensorboard.main --logdir LOGDIR'"
+        if package
+        else "not installed (TensorFlow >= 2.21 does not install it): pip install tensorboard"
+    )
+    return Check(
+        "versions",
+        "tensorboard command",
+        "WARN",
+        f"not on PATH; {install}, or summarise the logs with 'tfdp-utils report LOGDIR' "
+        "(its --plot needs pip install 'tfdp-utils[report]')",
+    )
 
 
 # ------------------------------------------------------------------------ child processes

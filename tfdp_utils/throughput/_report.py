@@ -6,8 +6,9 @@ Reads the runs under ``LOGDIR`` (every record, checksums checked) and prints a t
 ``pip install 'tfdp-utils[report]'``). Event files whose records fail their checksums are
 reported as corrupt (exit status 1). Runs cut short (an event file that ends inside a record,
 or runs of one job that end at different steps or disagree on the examples trained) and
-derived counts are marked in the table, the JSON and the plot. Reading needs no TensorFlow
-import.
+derived counts are marked in the table, the JSON and the plot. ``--csv PATH`` and
+``--windows-json PATH`` write every logged point (:mod:`tfdp_utils.throughput._export`). Reading
+needs no TensorFlow import.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from tfdp_utils.throughput import _export
 from tfdp_utils.throughput._tags import (
     COUNTS,
     EXAMPLES,
@@ -48,6 +50,7 @@ class RunSeries:
     series: dict[str, list[tuple[int, float]]]
     notes: tuple[tuple[int, str], ...] = ()  # the logger's COUNTS texts, (step, text)
     problems: tuple[str, ...] = ()  # what is wrong with the run's event files
+    wall_times: dict[int, float] = dataclasses.field(default_factory=dict)  # step -> seconds
 
     def values(self, tag: str) -> list[float]:
         """The values of ``tag``, in step order (empty when the run has no such tag)."""
@@ -80,19 +83,26 @@ def read_runs(log_dir: str) -> dict[str, RunSeries]:
     for folder, files in _event_files(log_dir):
         points: dict[str, dict[int, float]] = {}
         notes: dict[int, str] = {}
+        walls: dict[int, float] = {}
         problems = []
         for path in files:
             records, problem = _read_records(path)
             if problem:
                 problems.append(f"{os.path.basename(path)} {problem}")
             for record in records:
-                _add_points(record, points, notes)
+                _add_points(record, points, notes, walls)
         if not points:
             continue
         name = os.path.relpath(folder, log_dir)
         display = "." if name == os.curdir else name.replace(os.sep, "/")
         series = {tag: sorted(points[tag].items()) for tag in _TAGS if tag in points}
-        runs[display] = RunSeries(display, series, tuple(sorted(notes.items())), tuple(problems))
+        runs[display] = RunSeries(
+            display,
+            series,
+            tuple(sorted(notes.items())),
+            tuple(problems),
+            dict(sorted(walls.items())),
+        )
     return dict(sorted(runs.items()))
 
 
@@ -105,7 +115,12 @@ def _event_files(log_dir: str) -> list[tuple[str, list[str]]]:
     return found
 
 
-def _add_points(record: bytes, points: dict[str, dict[int, float]], notes: dict[int, str]) -> None:
+def _add_points(
+    record: bytes,
+    points: dict[str, dict[int, float]],
+    notes: dict[int, str],
+    walls: dict[int, float] | None = None,
+) -> None:
     from tensorboard.compat.proto import event_pb2
     from tensorboard.util import tensor_util
 
@@ -123,6 +138,8 @@ def _add_points(record: bytes, points: dict[str, dict[int, float]], notes: dict[
         else:
             continue
         points.setdefault(value.tag, {})[int(event.step)] = number  # the last write wins
+        if walls is not None:
+            walls[int(event.step)] = float(event.wall_time)
 
 
 def _read_records(path: str) -> tuple[list[bytes], str]:
@@ -455,10 +472,22 @@ def plot(runs: dict[str, RunSeries], path: str, summary: dict[str, Any] | None =
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add ``LOGDIR``, ``--plot`` and ``--json`` to ``parser`` (for ``tfdp-utils report``)."""
+    """Add ``LOGDIR``, ``--plot``, ``--json``, ``--csv`` and ``--windows-json`` to ``parser``."""
     parser.add_argument("logdir", metavar="LOGDIR", help="the log_dir given to ThroughputLogger")
     parser.add_argument("--plot", metavar="PATH", help="also write examples/s per run as a PNG")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument(
+        "--csv",
+        metavar="PATH",
+        help="also write every logged point of every run as CSV ('-' for stdout, instead of "
+        "the table)",
+    )
+    parser.add_argument(
+        "--windows-json",
+        metavar="PATH",
+        help="also write every logged point of every run as a JSON list ('-' for stdout, "
+        "instead of the table)",
+    )
 
 
 def plot_path_problem(path: str) -> str | None:
@@ -525,6 +554,18 @@ def run(args: argparse.Namespace) -> int:
     if problems:
         summary["event_file_problems"] = problems
     status = 1 if corrupt else 0
+    exports = [(args.csv, _export.write_csv), (args.windows_json, _export.write_json)]
+    rows = _export.point_rows(runs)
+    for target, write in exports:
+        if target is None:
+            continue
+        try:
+            write(rows, target)
+        except OSError as exc:
+            print(f"tfdp-utils report: cannot write {target!r}: {exc}", file=sys.stderr)
+            return 2
+    if "-" in (args.csv, args.windows_json):
+        return status
     if args.json:
         _emit(json.dumps(summary, indent=2, sort_keys=True))
     else:
@@ -534,7 +575,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``tfdp-utils report LOGDIR [--plot PATH] [--json]`` as a function.
+    """``tfdp-utils report LOGDIR [--plot PATH] [--json] [--csv PATH] [--windows-json PATH]``.
 
     Args:
         argv: the arguments after ``report``. Defaults to `None` (``sys.argv[1:]``).
