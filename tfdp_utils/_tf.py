@@ -214,6 +214,26 @@ def optimizer_batch_counter(optimizer: Any) -> Any:
     return optimizer.iterations
 
 
+def autograph_rules_without_tf_keras() -> tuple[Any, tuple[Any, ...]] | None:
+    """Autograph's conversion-rule module and its rules plus ``DoNotConvert('tf_keras')``.
+
+    None when the rules already name tf_keras (TensorFlow >= 2.17) or this TensorFlow has no
+    such private module. TensorFlow 2.16 lists ``keras`` but not ``tf_keras``.
+    """
+    try:
+        from tensorflow.python.autograph.core import config as autograph_config
+    except ImportError:  # pragma: no cover - private module moved
+        return None
+    rules = tuple(getattr(autograph_config, "CONVERSION_RULES", ()))
+    do_not_convert = getattr(autograph_config, "DoNotConvert", None)
+    if do_not_convert is None or any(
+        isinstance(rule, do_not_convert) and getattr(rule, "_prefix", None) == "tf_keras"
+        for rule in rules
+    ):
+        return None
+    return autograph_config, (*rules, do_not_convert("tf_keras"))
+
+
 def _register_keras_objects() -> None:
     """Register tfdp-utils' Keras objects (``WarmupSchedule``) with Keras' deserializer.
 

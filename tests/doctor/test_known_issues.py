@@ -86,3 +86,19 @@ def test_hardware_bugs_say_whether_this_machine_can_show_them() -> None:
     with_gpus = assess(issue, Installed(keras="3.15.1", tensorflow="2.21.0", gpus=2))
     assert without.verdict == with_gpus.verdict == "affected"
     assert not without.here and with_gpus.here
+
+
+def test_a_bug_fixed_upstream_says_the_release_and_that_no_patch_is_applied() -> None:
+    installed = Installed(
+        keras="3.16.0.dev2026", tensorflow="2.21.0", bug_present={"keras#19246": False}
+    )
+    found = assess(ISSUES["keras#19246"], installed)
+    assert found.verdict == "fixed"
+    assert found.reason.startswith("fixed upstream in 3.16, patch not applied")
+
+
+def test_the_tf_keras_autograph_slowness_is_named_upstream_and_what_tfdp_utils_does() -> None:
+    issue = ISSUES["tf_keras-autograph"]
+    assert "autograph" in issue.note and "2.17" in issue.note and "tf_keras-autograph" in issue.note
+    assert assess(issue, Installed(keras=None, tensorflow="2.16.2")).verdict == "worked around"
+    assert assess(issue, Installed(keras=None, tensorflow="2.17.1")).verdict == "fixed"

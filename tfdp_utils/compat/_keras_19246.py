@@ -131,7 +131,9 @@ def _fixable(trainer: ModuleType) -> bool:
     if cls is None or not hasattr(trainer, "reduce_per_replica"):
         return False
     make_function = getattr(cls, "_make_function", None)
-    if make_function is None or not hasattr(cls, "_autoconvert_optionals"):
+    # _autoconvert_optionals (Keras >= 3.12) is used when present: Keras 3.8-3.11 have the
+    # same loop without it.
+    if make_function is None:
         return False
     try:
         parameters = list(inspect.signature(make_function).parameters)
@@ -155,7 +157,9 @@ def _make_function_factory(trainer: ModuleType, original: Any) -> Any:
         one_step_on_data = tf.function(
             one_step_on_data, reduce_retracing=True, jit_compile=self.jit_compile
         )
-        one_step_on_data = self._autoconvert_optionals(one_step_on_data)
+        autoconvert = getattr(self, "_autoconvert_optionals", None)  # Keras >= 3.12
+        if autoconvert is not None:
+            one_step_on_data = autoconvert(one_step_on_data)
 
         @tf.autograph.experimental.do_not_convert  # type: ignore[untyped-decorator]
         def multi_step_on_iterator(iterator: Any) -> Any:

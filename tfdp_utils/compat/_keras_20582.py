@@ -138,7 +138,10 @@ def _accumulate_or_update(optimizer: Any, grads: list[Any], variables: list[Any]
     def cross_replica(distribution: Any, grads: list[Any]) -> None:
         # keras#20582: the cond sits in the cross-replica context, where merge_call-using
         # branches are allowed (as in Keras' LossScaleOptimizer).
-        is_update_step = tf.equal((optimizer._iterations + 1) % steps, 0)
+        # The batch counter: ``_iterations`` on Keras >= 3.5 (``iterations`` then counts
+        # updates), ``iterations`` itself before (Keras 3.0-3.4 have no ``_iterations``).
+        batches = getattr(optimizer, "_iterations", optimizer.iterations)
+        is_update_step = tf.equal((batches + 1) % steps, 0)
         tf.cond(
             is_update_step,
             lambda: distribution.extended.call_for_each_replica(update, args=(grads,)),

@@ -14,6 +14,7 @@ Verified on Keras 3.15.1 (TensorFlow 2.21); the code is unchanged on Keras maste
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -69,11 +70,24 @@ def probe(trainer: ModuleType) -> bool:
     method = getattr(getattr(trainer, "TensorFlowTrainer", None), "_maybe_symbolic_build", None)
     if method is None:
         return False  # the code path is gone; nothing to work around
-    strategy = _RecordingStrategy()
-    model = _RecordingModel(strategy)
-    batch = (_LocalValues(tf.zeros((2, 3))), _LocalValues(tf.zeros((2, 1))))
-    method(model, iterator=[(0, 0, iter([batch]))])
-    return any(isinstance(value, (tuple, list, dict)) for value in strategy.reduced)
+    # Keras >= 3.11 iterates (begin_step, end_step, iterator) here, Keras <= 3.10
+    # (step, iterator): try the current shape first, then the older one.
+    items: tuple[Callable[[Any], tuple[Any, ...]], ...] = (
+        lambda it: (0, 0, it),
+        lambda it: (0, it),
+    )
+    for make_item in items:
+        strategy = _RecordingStrategy()
+        model = _RecordingModel(strategy)
+        batch = (_LocalValues(tf.zeros((2, 3))), _LocalValues(tf.zeros((2, 1))))
+        try:
+            method(model, iterator=[make_item(iter([batch]))])
+        except ValueError as exc:
+            if "unpack" not in str(exc):
+                raise
+            continue
+        return any(isinstance(value, (tuple, list, dict)) for value in strategy.reduced)
+    raise ValueError("Keras' _maybe_symbolic_build takes neither iterator item shape")
 
 
 def install(trainer: ModuleType) -> tuple[str, list[Patch]]:
@@ -87,8 +101,8 @@ def install(trainer: ModuleType) -> tuple[str, list[Patch]]:
             return original(self, iterator=iterator, data_batch=data_batch)
         # keras#20585: build from the first local replica's batch (same shapes as the mean
         # Keras computes) instead of reducing the whole (x, y, ...) nest across workers.
-        for _, _, distributed_iterator in iterator:
-            batch = next(distributed_iterator)
+        for item in iterator:  # (begin, end, iterator) on Keras >= 3.11, (step, iterator) before
+            batch = next(item[-1])
             data_batch = tf.nest.map_structure(lambda v: first_local_value(strategy, v), batch)
             break
         with strategy.scope():

@@ -152,6 +152,20 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         url="https://www.tensorflow.org/api_docs/python/tf/distribute/cluster_resolver/TPUClusterResolver",
         note="auto_strategy bounds the probe (probe_timeout, 5 s by default)",
     ),
+    KnownIssue(
+        issue="tf_keras-autograph",
+        title="tf_keras on TensorFlow 2.16: the first step of fit/evaluate/predict takes "
+        "10-80 s (autograph converts tf_keras itself)",
+        package="tensorflow",
+        affected_from="2.16",
+        fixed_in="2.17",
+        workaround="always",
+        hardware=None,
+        url="https://github.com/tensorflow/tensorflow/blob/v2.17.0/tensorflow/python/autograph/core/config.py",
+        note="upstream: TensorFlow 2.16's autograph has keras but not tf_keras on its "
+        "do-not-convert list (added in 2.17); tdu.compat's tf_keras-autograph change adds it "
+        "on tf_keras (demo: 15.7 s -> 0.8 s), off with TFDP_NO_KERAS_PATCHES=1",
+    ),
 )
 
 ISSUES: dict[str, KnownIssue] = {entry.issue: entry for entry in KNOWN_ISSUES}
@@ -214,6 +228,11 @@ def _at_least(version: str, bound: str) -> bool:
     return parse_version(version) >= parse_version(bound)
 
 
+def _not_applied(release: str, version: str) -> str:
+    """The reason for a bug tdu.compat would patch that this release has fixed."""
+    return f"fixed upstream in {release}, patch not applied (probe: bug absent in {version})"
+
+
 def assess(issue: KnownIssue, installed: Installed) -> Assessment:
     """Mark ``issue`` as affected / fixed / worked around for ``installed`` (pure).
 
@@ -232,13 +251,16 @@ def assess(issue: KnownIssue, installed: Installed) -> Assessment:
     if not _at_least(version, issue.affected_from):
         return Assessment(issue, "not affected", f"{version} < {issue.affected_from}", here)
     if issue.fixed_in is not None and _at_least(version, issue.fixed_in):
+        if issue.workaround == "compat":
+            return Assessment(issue, "fixed", _not_applied(issue.fixed_in, version), here)
         return Assessment(issue, "fixed", f"fixed in {issue.fixed_in}, have {version}", here)
     if issue.workaround == "always":
         return Assessment(issue, "worked around", "tfdp-utils avoids it", here)
     # A bug tdu.compat has a probe for is judged by the probe, whatever the table says.
     if issue.workaround == "compat" or issue.issue in installed.bug_present:
         if not installed.bug_present.get(issue.issue, True):
-            return Assessment(issue, "fixed", f"probe: bug absent in {version}", here)
+            release = ".".join(str(n) for n in parse_version(version)[:2])
+            return Assessment(issue, "fixed", _not_applied(release, version), here)
         if installed.workarounds_disabled:
             return Assessment(
                 issue, "affected", "probe: bug present; TFDP_NO_KERAS_PATCHES=1", here
