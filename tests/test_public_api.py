@@ -20,7 +20,16 @@ pytestmark = pytest.mark.pure
 PACKAGE = Path(tdu.__file__).parent
 
 # Subpackages whose surfaces are documented and import without TensorFlow.
-PURE_SURFACES = ("cluster", "data", "errors", "strategy", "throughput", "training", "doctor")
+PURE_SURFACES = (
+    "cluster",
+    "data",
+    "errors",
+    "strategy",
+    "throughput",
+    "training",
+    "doctor",
+    "preemption",
+)
 
 # Public-named modules: the documented subpackages' __init__, and these top-level modules.
 PUBLIC_MODULES = {"batching.py", "schedules.py", "cli.py", "demo.py", "errors.py"}
@@ -74,6 +83,7 @@ def test_every_error_has_one_base_and_is_importable_from_the_top(name: str) -> N
         ("ReplicaDivergenceError", RuntimeError),
         ("EndlessEpochError", ValueError),
         ("StrategyMismatchError", ValueError),
+        ("ResumeMismatchError", ValueError),
     ],
 )
 def test_errors_are_still_the_builtin_a_user_caught_before(

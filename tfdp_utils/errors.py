@@ -58,6 +58,10 @@ class ServiceTimeoutError(TfdpError, TimeoutError):
     """The tf.data service did not answer, or sent nothing, within ``service_timeout``."""
 
 
+class ResumeMismatchError(TfdpError, ValueError):
+    """A checkpoint was saved by another training setup than the one resuming from it."""
+
+
 class ReplicaDivergenceError(TfdpError, RuntimeError):
     """Training on N replicas diverged from training on one device (see ``.report``)."""
 
@@ -76,6 +80,7 @@ __all__ = [
     "KerasCompatError",
     "ReplicaDivergenceError",
     "ReplicaDivergenceWarning",
+    "ResumeMismatchError",
     "ServiceTimeoutError",
     "StrategyMismatchError",
     "TPUProbeError",

@@ -120,7 +120,30 @@ def _undoable() -> set[str]:
         "fit-binding",
         "tf_keras-datasets",
         "exit-guard",
+        "tf_keras-autograph",
+        "resume-position",
     }
+
+
+def _autograph_skips_tf_keras() -> bool:
+    from tensorflow.python.autograph.core import config
+
+    return any(getattr(rule, "_prefix", None) == "tf_keras" for rule in config.CONVERSION_RULES)
+
+
+@pytest.mark.keras
+def test_tf_keras_autograph_rule_is_added_only_where_tensorflow_lacks_it() -> None:
+    entry = _status("tf_keras-autograph")
+    assert entry.kill_switch and entry.undoable and "2.17" in entry.why
+    lacked = not _autograph_skips_tf_keras()
+    made = compat_changes.skip_autograph_for_tf_keras(applied_by="test")
+    # Only tf_keras on a TensorFlow whose autograph would convert tf_keras (2.16) needs it.
+    assert made == (not IS_KERAS3 and (lacked or bool(_status("tf_keras-autograph").applied)))
+    if made:
+        assert _autograph_skips_tf_keras()
+        compat.undo("tf_keras-autograph")
+        assert not _autograph_skips_tf_keras()
+        assert compat_changes.skip_autograph_for_tf_keras(applied_by="test")
 
 
 def test_undo_refuses_unknown_and_permanent_changes() -> None:

@@ -5,5 +5,6 @@ in this process (Keras 3, or tf_keras under ``TF_USE_LEGACY_KERAS=1``).
 """
 
 from tfdp_utils.callbacks._throughput_logger import ThroughputLogger
+from tfdp_utils.preemption._callback import PreemptionCheckpoint
 
-__all__ = ["ThroughputLogger"]
+__all__ = ["PreemptionCheckpoint", "ThroughputLogger"]

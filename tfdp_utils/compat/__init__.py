@@ -60,11 +60,13 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
+from tfdp_utils._versions import require_supported
 from tfdp_utils.compat import _changes as changes
 from tfdp_utils.compat import _fit_binding as fit_binding
 from tfdp_utils.compat import _keras_19246 as keras_19246
 from tfdp_utils.compat import _keras_20582 as keras_20582
 from tfdp_utils.compat import _keras_20585 as keras_20585
+from tfdp_utils.compat import _resume_position as resume_position
 from tfdp_utils.compat import _tf_72388 as tf_72388
 from tfdp_utils.compat import _tf_keras_datasets as tf_keras_datasets
 from tfdp_utils.compat._registry import (
@@ -93,6 +95,7 @@ CHANGES: tuple[RuntimeChange, ...] = (
     fit_binding.CHANGE,
     tf_keras_datasets.CHANGE,
     *changes.CHANGES,
+    resume_position.CHANGE,
 )
 """Every runtime change tfdp-utils can make, in the order :func:`status` lists them."""
 _BY_NAME = {c.name: c for c in CHANGES}
@@ -305,6 +308,8 @@ def apply_for_strategy(strategy: Any) -> tuple[str, ...]:
         >>> tdu.compat.apply_for_strategy(strategy)  # doctest: +SKIP
         ('keras#19246', 'keras#20582')
     """
+    require_supported()
+    changes.skip_autograph_for_tf_keras(applied_by="apply_for_strategy()")
     needs = needed_for(strategy)
     if not needs:
         return applied()

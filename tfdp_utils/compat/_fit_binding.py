@@ -24,6 +24,7 @@ the counts that need the call's data are off too, which one warning says (once p
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import math
@@ -57,6 +58,31 @@ CHANGE = RuntimeChange(
 )
 
 
+class StopFit(BaseException):
+    """Raised by a callback to end ``fit`` at once (a preemption, after its checkpoint).
+
+    A ``BaseException``, so that ``except Exception`` in other callbacks or user code does not
+    swallow it. The ``fit`` wrapper ends the call: with ``exit_status`` set, the process exits
+    with it (``SystemExit``, bounded by a backstop); otherwise ``fit`` returns the model's
+    ``History``.
+    """
+
+    def __init__(self, message: str, *, exit_status: int | None) -> None:
+        super().__init__(message)
+        self.exit_status = exit_status
+
+
+@runtime_checkable
+class FitCallAdapter(Protocol):
+    """A callback that positions the ``fit`` call it belongs to (``PreemptionCheckpoint``)."""
+
+    def prepare_fit(
+        self, model: Any, arguments: dict[str, Any]
+    ) -> contextlib.AbstractContextManager[Any]:
+        """Change ``arguments`` (the call's bound arguments) before ``fit`` runs; the returned
+        context manager wraps the call."""
+
+
 @runtime_checkable
 class FitDataConsumer(Protocol):
     """A callback that wants to know what the ``fit`` call it belongs to trains on."""
@@ -65,17 +91,23 @@ class FitDataConsumer(Protocol):
         """Called with ``fit``'s ``x`` before training starts, and with None after it ends."""
 
 
-def _consumers(callbacks: Any) -> list[FitDataConsumer]:
+def _callback_list(callbacks: Any) -> list[Any]:
     if callbacks is None:
         return []
-    if isinstance(callbacks, FitDataConsumer):
-        return [callbacks]
     inner = getattr(callbacks, "callbacks", None)  # a keras CallbackList
     if isinstance(inner, list):
-        callbacks = inner
+        return inner
     if not isinstance(callbacks, Iterable) or isinstance(callbacks, (str, bytes)):
-        return []
-    return [c for c in callbacks if isinstance(c, FitDataConsumer)]
+        return [callbacks]
+    return list(callbacks)
+
+
+def _consumers(callbacks: Any) -> list[FitDataConsumer]:
+    return [c for c in _callback_list(callbacks) if isinstance(c, FitDataConsumer)]
+
+
+def _adapters(callbacks: Any) -> list[FitCallAdapter]:
+    return [c for c in _callback_list(callbacks) if isinstance(c, FitCallAdapter)]
 
 
 def _covering_steps(info: DatasetInfo) -> int | None:
@@ -192,22 +224,44 @@ def _wrap(method: str, original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            arguments = signature.bind_partial(*args, **kwargs).arguments
+            bound = signature.bind_partial(*args, **kwargs)
         except TypeError:  # let Keras word its own error for arguments it does not take
             return original(*args, **kwargs)
-        check_steps(method, arguments)
-        check_validation_split(method, arguments)
-        check_strategy(method, arguments.get("self"), arguments)
-        consumers = _consumers(arguments.get("callbacks")) if method == "fit" else []
-        for consumer in consumers:
-            consumer.bind_fit_data(arguments.get("x"))
-        try:
-            return original(*args, **kwargs)
-        finally:
+        arguments = bound.arguments  # adapters change the call through it
+        model = arguments.get("self")
+        with contextlib.ExitStack() as stack:
+            if method == "fit":
+                for adapter in _adapters(arguments.get("callbacks")):
+                    stack.enter_context(adapter.prepare_fit(model, arguments))
+            check_steps(method, arguments)
+            check_validation_split(method, arguments)
+            check_strategy(method, model, arguments)
+            consumers = _consumers(arguments.get("callbacks")) if method == "fit" else []
             for consumer in consumers:
-                consumer.bind_fit_data(None)
+                consumer.bind_fit_data(arguments.get("x"))
+            try:
+                return original(*bound.args, **bound.kwargs)
+            except StopFit as stop:
+                return _stopped(model, stop)
+            finally:
+                for consumer in consumers:
+                    consumer.bind_fit_data(None)
 
     return wrapper
+
+
+def _stopped(model: Any, stop: StopFit) -> Any:
+    """End a ``fit`` a callback stopped: exit the process, or return the ``History``."""
+    from tfdp_utils import _exit_guard as exit_guard
+
+    # The traceback holds fit's frames, and with them the dataset iterator: let them go now,
+    # not at interpreter shutdown (see tfdp_utils._exit_guard).
+    exit_guard.clear_frames(stop)
+    stop.__traceback__ = None
+    if stop.exit_status is None:
+        return getattr(model, "history", None)
+    exit_guard.exit_within(stop.exit_status)
+    raise SystemExit(stop.exit_status) from None
 
 
 def _model_class() -> Any:

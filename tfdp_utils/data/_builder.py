@@ -10,6 +10,7 @@ info (:mod:`~tfdp_utils.data._attach`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -41,6 +42,7 @@ from tfdp_utils.data._epochs import (
     plan_epochs,
 )
 from tfdp_utils.data._pipeline import Recipe, global_dataset, per_worker_dataset
+from tfdp_utils.data._positioned import Resumable, resumable
 from tfdp_utils.data._sharding import (
     ShardingPlan,
     SourceFacts,
@@ -378,7 +380,11 @@ def build_distributed_dataset(
             "each step is counted as a full global batch, and an epoch's last steps can be "
             "partial or extra",
         )
-    return single_device.remember(attach(dist, info, planned.plan), arguments, self_batching=False)
+    dist = single_device.remember(attach(dist, info, planned.plan), arguments, self_batching=False)
+    if call.service is None:
+        # Asked for by PreemptionCheckpoint only: planning aligned epochs can read an element.
+        dist.tfdp_resumable = functools.partial(_resumable, call, planned, map_fn)
+    return dist
 
 
 @dataclasses.dataclass(frozen=True)
@@ -390,6 +396,8 @@ class _Planned:
     plan: ShardingPlan
     epochs: Any
     shape: StepShape
+    elements: Any = None
+    worker_index: int = 0
 
 
 def _plan_call(
@@ -448,15 +456,25 @@ def _plan_call(
         drop_remainder=call.drop_remainder,
     )
     _log(diagnose(diagnosis))
-    return _Planned(source, facts, plan, epochs, shape)
+    return _Planned(source, facts, plan, epochs, shape, elements, worker_index)
 
 
 def _build_call(
     call: BuilderCall, planned: _Planned, *, raw_source: Any, map_fn: Callable[..., Any] | None
 ) -> Any:
     """The pipeline, inside the strategy (through the tf.data service when asked)."""
+    recipe = _recipe(call, planned, map_fn)
+    if call.service is None:
+        return _distribute(call.strategy, recipe, planned.source, call.input_options)
+    # Arrays stay arrays for the service, which splits each trainer's share itself.
+    return distribute_with_service(
+        call.strategy, recipe, planned.source, raw_source, call.input_options, call.service
+    )
+
+
+def _recipe(call: BuilderCall, planned: _Planned, map_fn: Callable[..., Any] | None) -> Recipe:
     shuffling = call.shuffle_buffer_size is not None
-    recipe = Recipe(
+    return Recipe(
         planned.plan,
         planned.shape,
         planned.epochs,
@@ -470,11 +488,31 @@ def _build_call(
         prefetch=call.prefetch,
         data_options=call.data_options,
     )
-    if call.service is None:
-        return _distribute(call.strategy, recipe, planned.source, call.input_options)
-    # Arrays stay arrays for the service, which splits each trainer's share itself.
-    return distribute_with_service(
-        call.strategy, recipe, planned.source, raw_source, call.input_options, call.service
+
+
+def _resumable(
+    call: BuilderCall, planned: _Planned, map_fn: Callable[..., Any] | None
+) -> Resumable | None:
+    """How to rebuild the dataset from a step of an epoch (``PreemptionCheckpoint``), or None
+    where its epochs cannot be aligned (unknown size, sparse or ragged elements)."""
+    try:
+        dense = planned.elements.check(
+            planned.plan, planned.worker_index, "epochs", call.drop_remainder, planned.shape
+        )
+    except (ValueError, TypeError):
+        return None
+    if dense is not True:
+        return None
+    aligned = plan_epochs(
+        planned.plan.examples_per_worker,
+        planned.shape,
+        drop_remainder=call.drop_remainder,
+        repeat="epochs",
+        dense=True,
+    )
+    recipe = _recipe(call, planned, map_fn)
+    return resumable(
+        call.strategy, recipe, planned.source, call.input_options, aligned, planned.shape
     )
 
 

@@ -171,8 +171,11 @@ def shard_and_map(recipe: Recipe, dataset: Any, workers: int, index: int) -> Any
     return dataset
 
 
-def batch(recipe: Recipe, dataset: Any, index: int, *, split: bool) -> Any:
-    """Batch whole steps (with ``split``) or replica batches; pad and repeat aligned epochs."""
+def batch(
+    recipe: Recipe, dataset: Any, index: int, *, split: bool, repeat_epochs: bool = True
+) -> Any:
+    """Batch whole steps (with ``split``) or replica batches; pad (and, with
+    ``repeat_epochs``, repeat) aligned epochs."""
     local = recipe.replicas_per_worker
     # With the split, batch whole steps of the worker (all its replicas) first; each step is
     # cut into one batch per replica afterwards, the last one as evenly as possible.
@@ -188,7 +191,7 @@ def batch(recipe: Recipe, dataset: Any, index: int, *, split: bool) -> Any:
     if pad > 0:
         empty = tf.data.Dataset.from_tensors(empty_batch(dataset.element_spec))
         dataset = dataset.concatenate(empty.repeat(pad))
-    return dataset.repeat()
+    return dataset.repeat() if repeat_epochs else dataset
 
 
 def split_steps(dataset: Any, replicas: int) -> Any:

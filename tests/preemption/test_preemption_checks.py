@@ -1,0 +1,192 @@
+"""PreemptionCheckpoint refuses what it cannot resume exactly, before the first step.
+
+In one process (``exit=False``, so that ``fit`` returns after a save): a checkpoint is made by a
+real SIGTERM during ``fit``, then a second ``fit`` with something changed must raise
+``ResumeMismatchError`` naming the difference, having trained nothing. A damaged newest
+checkpoint is skipped for the one before, with a WARNING naming it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tfdp_utils as tdu
+from tfdp_utils._tf import keras, tf
+
+pytestmark = pytest.mark.keras
+
+N = 40
+
+
+def _strategy() -> Any:
+    return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+
+def _data(strategy: Any, global_batch_size: int = 8, examples: int = N) -> Any:
+    x = np.random.default_rng(0).normal(size=(examples, 3)).astype("float32")
+    y = x.sum(axis=1, keepdims=True)
+    return tdu.build_distributed_dataset(
+        (x, y), strategy=strategy, global_batch_size=global_batch_size, shuffle_buffer_size=64
+    )
+
+
+def _model(strategy: Any, width: int = 4, optimizer: str = "adam") -> Any:
+    with strategy.scope():
+        model = keras.Sequential(
+            [keras.Input((3,)), keras.layers.Dense(width), keras.layers.Dense(1)]
+        )
+        model.compile(optimizer, "mse")
+    return model
+
+
+class _Term(keras.callbacks.Callback):  # type: ignore[misc]
+    """Sends this process SIGTERM after global step ``at`` (PreemptionCheckpoint catches it)."""
+
+    def __init__(self, at: int, times: int = 1) -> None:
+        super().__init__()
+        self.at, self.times, self.step = at, times, 0
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        self.step += 1
+        if self.step == self.at:
+            for _ in range(self.times):
+                os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _checkpoint(directory: Path | str, **kwargs: Any) -> Any:
+    return tdu.callbacks.PreemptionCheckpoint(directory, exit=False, **kwargs)
+
+
+def _stopped_job(directory: Path, at: int = 7, **kwargs: Any) -> Any:
+    """A first run, stopped by SIGTERM after step ``at``; its saved checkpoint's path."""
+    strategy = _strategy()
+    checkpoint = _checkpoint(directory, **kwargs)
+    _model(strategy).fit(_data(strategy), epochs=3, verbose=0, callbacks=[_Term(at), checkpoint])
+    assert checkpoint.saved_path is not None
+    return checkpoint
+
+
+def _iterations(model: Any) -> int:
+    return int(model.optimizer.iterations.numpy())
+
+
+def test_a_sigterm_saves_once_even_when_it_comes_twice(tmp_path: Path) -> None:
+    strategy = _strategy()
+    checkpoint = _checkpoint(tmp_path)
+    model = _model(strategy)
+    model.fit(_data(strategy), epochs=3, verbose=0, callbacks=[_Term(7, times=2), checkpoint])
+    assert _iterations(model) == 7
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt-000000000007"]
+    assert signal.getsignal(signal.SIGTERM) is not checkpoint  # handlers put back after fit
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"global_batch_size": 16}, "global batch size 8"),
+        ({"examples": N + 8}, "examples per epoch 40"),
+        ({"width": 5}, "shape [3, 4] there"),
+        ({"optimizer": "sgd"}, "Adam optimizer"),
+    ],
+)
+def test_a_checkpoint_of_another_setup_is_refused_before_training(
+    tmp_path: Path, change: dict[str, Any], words: str
+) -> None:
+    _stopped_job(tmp_path)
+    strategy = _strategy()
+    model = _model(
+        strategy, width=change.get("width", 4), optimizer=change.get("optimizer", "adam")
+    )
+    data = _data(
+        strategy,
+        global_batch_size=change.get("global_batch_size", 8),
+        examples=change.get("examples", N),
+    )
+    with pytest.raises(tdu.ResumeMismatchError, match="another directory=") as raised:
+        model.fit(data, epochs=3, verbose=0, callbacks=[_checkpoint(tmp_path)])
+    assert words in str(raised.value)
+    assert str(tmp_path / "ckpt-000000000007") in str(raised.value)
+    assert _iterations(model) == 0  # nothing trained
+
+
+def test_a_damaged_newest_checkpoint_is_skipped_for_the_one_before(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    _stopped_job(tmp_path, at=7, every_steps=3)  # saves after steps 3 and 6, then 7
+    newest = tmp_path / "ckpt-000000000007"
+    for data_file in newest.glob("variables.data-*"):
+        data_file.write_bytes(b"\0" * 5)
+    (newest / "variables.index").write_bytes(b"garbage")
+    strategy = _strategy()
+    model = _model(strategy)
+    checkpoint = _checkpoint(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="tfdp_utils"):
+        model.fit(_data(strategy), epochs=3, verbose=0, callbacks=[checkpoint])
+    assert checkpoint.resumed_from == str(tmp_path / "ckpt-000000000006")
+    assert str(newest) in caplog.text
+    assert _iterations(model) == 15  # 3 epochs of 5 steps: resumed after step 6
+
+
+def test_a_notice_before_the_first_step_stops_without_training(tmp_path: Path) -> None:
+    class Early(keras.callbacks.Callback):  # type: ignore[misc]
+        def on_train_begin(self, logs: Any = None) -> None:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    strategy = _strategy()
+    model = _model(strategy)
+    checkpoint = _checkpoint(tmp_path)
+    model.fit(_data(strategy), epochs=3, verbose=0, callbacks=[Early(), checkpoint])
+    assert _iterations(model) == 0
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "words"),
+    [
+        ({"signals": ("SIGKILL",)}, ValueError, "SIGKILL"),
+        ({"every_steps": 0}, ValueError, "every_steps must be a whole number >= 1"),
+        ({"keep": 0}, ValueError, "keep must be a whole number >= 1"),
+        ({"grace_seconds": -1}, ValueError, "grace_seconds must be a number of seconds > 0"),
+        ({"exit": "yes"}, TypeError, "exit must be True or False"),
+    ],
+)
+def test_bad_arguments_get_clear_errors(
+    tmp_path: Path, kwargs: dict[str, Any], error: type[Exception], words: str
+) -> None:
+    with pytest.raises(error, match=words):
+        tdu.callbacks.PreemptionCheckpoint(tmp_path, **kwargs)
+
+
+def test_a_directory_that_is_a_file_or_a_url_is_refused_before_training(tmp_path: Path) -> None:
+    strategy = _strategy()
+    model = _model(strategy)
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    with pytest.raises(NotADirectoryError, match="is a file, not a folder"):
+        model.fit(_data(strategy), epochs=1, verbose=0, callbacks=[_checkpoint(a_file)])
+    with pytest.raises(ValueError, match="is a URL"):
+        model.fit(_data(strategy), epochs=1, verbose=0, callbacks=[_checkpoint("gs://b/c")])
+    assert _iterations(model) == 0
+
+
+def test_a_dataset_it_cannot_position_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    strategy = _strategy()
+    model = _model(strategy)
+    plain = tf.data.Dataset.from_tensor_slices((np.zeros((8, 3)), np.zeros((8, 1)))).batch(4)
+    with pytest.raises(TypeError, match=r"tdu\.build_distributed_dataset"):
+        model.fit(plain, epochs=1, verbose=0, callbacks=[_checkpoint(tmp_path)])
+    with pytest.raises(ValueError, match="differs from the dataset's epoch of 5 steps"):
+        model.fit(
+            _data(strategy),
+            epochs=1,
+            steps_per_epoch=3,
+            verbose=0,
+            callbacks=[_checkpoint(tmp_path)],
+        )

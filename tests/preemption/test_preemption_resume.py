@@ -1,0 +1,208 @@
+"""PreemptionCheckpoint end to end: real processes, real signals, a one-run reference.
+
+Each job trains a small model for 3 epochs on a builder dataset of 45 examples (6 steps of 8
+per epoch, the last one partial), with op determinism and a seeded shuffle. A layer inside the
+model counts the example ids each epoch trains on (independently of the callback). A run that
+is stopped (SIGTERM to one worker, or SIGKILL) and then run again must end with the weights of
+the uninterrupted run, and the interrupted epoch's ids must each be trained once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from support.processes import Process, free_port, start_python, tf_config, wait_all
+
+pytestmark = pytest.mark.keras
+
+PREEMPTED = 75  # tdu.preemption.PREEMPTED_EXIT_STATUS, checked against it below
+
+JOB = r"""
+import json, os, signal, sys
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import numpy as np
+import tensorflow as tf
+
+REPLICAS = int(os.environ["JOB_REPLICAS"])
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * REPLICAS)
+tf.config.experimental.enable_op_determinism()
+tf.keras.utils.set_random_seed(1)
+import tfdp_utils as tdu
+from tfdp_utils._tf import keras
+
+out, directory = sys.argv[1], sys.argv[2]
+signal_at = json.loads(os.environ.get("JOB_SIGNAL_AT", "null"))  # [epoch, batch, signal name]
+every = json.loads(os.environ.get("JOB_EVERY", "null"))
+N, EPOCHS = 45, 3
+strategy = tdu.auto_strategy(verbose=False)
+x = np.stack([np.arange(N), np.linspace(-1, 1, N), np.cos(np.arange(N))], 1).astype("float32")
+y = (x[:, 1:2] * 3 + 1).astype("float32")
+dist = tdu.build_distributed_dataset(
+    (x, y), strategy=strategy, global_batch_size=8, shuffle_buffer_size=64, seed=5
+)
+with strategy.scope():
+    seen = tf.Variable(
+        tf.zeros([N]),
+        trainable=False,
+        synchronization=tf.VariableSynchronization.ON_READ,
+        aggregation=tf.VariableAggregation.SUM,
+    )
+
+
+class Count(keras.layers.Layer):  # counts the ids each replica trains on
+    def call(self, inputs, training=None):
+        if training:
+            ids = tf.cast(inputs[:, 0], tf.int32)
+            seen.assign_add(tf.math.bincount(ids, minlength=N, maxlength=N, dtype=tf.float32))
+        return inputs[:, 1:]
+
+
+with strategy.scope():
+    model = keras.Sequential(
+        [
+            keras.Input((3,)),
+            Count(),
+            keras.layers.Dense(4, activation="tanh"),
+            keras.layers.Dense(1),
+        ]
+    )
+    model.compile(keras.optimizers.Adam(0.01), "mse")
+
+log = {"epochs": {}, "batches": []}
+
+
+class Record(keras.callbacks.Callback):
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+        seen.assign(tf.zeros([N]))
+
+    def on_epoch_end(self, epoch, logs=None):
+        log["epochs"][str(epoch)] = seen.numpy().tolist()
+
+    def on_train_batch_end(self, batch, logs=None):
+        log["batches"].append([self.epoch, batch])
+        if signal_at and [self.epoch, batch] == signal_at[:2]:
+            os.kill(os.getpid(), getattr(signal, signal_at[2]))
+
+
+checkpoint = tdu.callbacks.PreemptionCheckpoint(directory, every_steps=every)
+try:
+    model.fit(dist, epochs=EPOCHS, verbose=0, callbacks=[Record(), checkpoint])
+    log["weights"] = [w.tolist() for w in model.get_weights()]
+finally:
+    log["iterations"] = int(model.optimizer.iterations.numpy())
+    log["partial"] = seen.numpy().tolist()
+    log["resumed_from"] = checkpoint.resumed_from
+    with open(out, "w") as handle:
+        json.dump(log, handle)
+"""
+
+
+def _start(
+    tmp: Path, tag: str, directory: Path, workers: int, env: dict[str, str], told: dict[str, str]
+) -> list[Process]:
+    """``workers`` job processes; the last one also gets ``told`` (a notice only it receives)."""
+    ports = [free_port() for _ in range(workers)]
+    processes = []
+    for index in range(workers):
+        worker_env: dict[str, str | None] = {
+            "JOB_REPLICAS": "2" if workers == 1 else "1",
+            "TF_CONFIG": tf_config(ports, index) if workers > 1 else None,
+            **env,
+            **(told if index == workers - 1 else {}),
+        }
+        out = str(tmp / f"{tag}-{index}.json")
+        processes.append(start_python(JOB, env=worker_env, args=(out, str(directory))))
+    return processes
+
+
+def _run(
+    tmp: Path,
+    tag: str,
+    directory: Path,
+    workers: int,
+    told: dict[str, str] | None = None,
+    **env: str,
+) -> list[dict[str, Any]]:
+    processes = _start(tmp, tag, directory, workers, env, told or {})
+    outcomes = wait_all(processes, timeout=420, check=False)
+    results = []
+    for index, outcome in enumerate(outcomes):
+        path = tmp / f"{tag}-{index}.json"
+        log: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+        log["status"], log["stderr"] = outcome.returncode, outcome.stderr
+        results.append(log)
+    return results
+
+
+def _max_diff(a: list[Any], b: list[Any]) -> float:
+    return max(float(np.max(np.abs(np.array(x) - np.array(y)))) for x, y in zip(a, b, strict=True))
+
+
+def test_the_exit_status_is_the_documented_one() -> None:
+    import tfdp_utils as tdu
+
+    assert tdu.callbacks.PreemptionCheckpoint.EXIT_STATUS == PREEMPTED
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["1x2-replicas", "2-workers"])
+def test_a_notice_to_one_worker_stops_all_at_one_step_and_the_rerun_resumes_exactly(
+    tmp_path: Path, workers: int
+) -> None:
+    reference = _run(tmp_path, "reference", tmp_path / "reference", workers)
+    for log in reference:
+        assert log["status"] == 0, log["stderr"][-4000:]
+    batch = random.Random(os.getpid()).randrange(0, 5)  # any step of epoch 2 but its last
+    # The notice reaches the last worker only (one VM reclaimed).
+    told = {"JOB_SIGNAL_AT": json.dumps([1, batch, "SIGTERM"])}
+    stopped = _run(tmp_path, "stopped", tmp_path / "job", workers, told)
+    for log in stopped:
+        assert log["status"] == PREEMPTED, log["stderr"][-4000:]
+    # Every worker ended after the same step: the one after the notice's, where they agreed.
+    last = {tuple(log["batches"][-1]) for log in stopped}
+    assert len(last) == 1, last
+    assert [p.name for p in (tmp_path / "job").iterdir()] == [
+        f"ckpt-{stopped[0]['iterations']:012d}"
+    ]
+
+    resumed = _run(tmp_path, "resumed", tmp_path / "job", workers)
+    for before, log, ref in zip(stopped, resumed, reference, strict=True):
+        assert log["status"] == 0, log["stderr"][-4000:]
+        assert log["resumed_from"] and log["resumed_from"].endswith(
+            f"ckpt-{before['iterations']:012d}"
+        )
+        assert _max_diff(log["weights"], ref["weights"]) <= 1e-6
+        assert log["iterations"] == ref["iterations"] == 18
+        # Epoch 2's ids over the two runs: each exactly once (summed over every replica).
+        epoch_2 = np.array(before["partial"]) + np.array(log["epochs"]["1"])
+        assert epoch_2.tolist() == [1.0] * 45
+        assert log["batches"][0] == [1, before["batches"][-1][1] + 1]  # Keras' step numbers go on
+
+
+def test_a_killed_job_resumes_exactly_from_its_last_periodic_checkpoint(tmp_path: Path) -> None:
+    reference = _run(tmp_path, "reference", tmp_path / "reference", 1)
+    killed = _run(
+        tmp_path,
+        "killed",
+        tmp_path / "job",
+        1,
+        {"JOB_SIGNAL_AT": json.dumps([1, 3, "SIGKILL"])},
+        JOB_EVERY="4",
+    )
+    assert killed[0]["status"] == -signal.SIGKILL
+    names = sorted(p.name for p in (tmp_path / "job").iterdir())
+    assert names == ["ckpt-000000000004", "ckpt-000000000008"]  # steps 4 and 8; killed at 10
+    resumed = _run(tmp_path, "resumed", tmp_path / "job", 1, JOB_EVERY="4")
+    log = resumed[0]
+    assert log["status"] == 0, log["stderr"][-4000:]
+    assert log["resumed_from"].endswith("ckpt-000000000008")
+    assert log["batches"][0] == [1, 2]  # step 8 = epoch 2, 2 steps done
+    assert _max_diff(log["weights"], reference[0]["weights"]) <= 1e-6

@@ -1,0 +1,229 @@
+"""A builder dataset that starts at a given step of a given epoch (resuming a preempted job).
+
+TensorFlow glue. :class:`Resumable` is attached to a builder dataset (``tfdp_resumable``) when
+its epochs can be counted and aligned (a sized source of dense elements, read by
+``distribute_datasets_from_function``). :meth:`Resumable.at` builds the same data as a stream
+of whole epochs that starts at step ``step`` of epoch ``epoch``:
+
+* every epoch is planned as with ``repeat="epochs"``: the same number of steps on every
+  worker, each worker's share padded with empty batches, so that step ``s`` of epoch ``e`` is
+  the same global batch in every run;
+* each epoch shuffles with its own seed, derived from the shuffle seed, the epoch and (where
+  workers shuffle their own shares) the worker, and reads its files in an order from the same
+  seed, deterministically, so that epoch ``e`` is the same in the interrupted and the resumed
+  run (``reshuffle_each_iteration`` would make epoch ``e``'s order depend on how many epochs
+  this process iterated before);
+* the epoch's first ``step`` whole-step batches are skipped before they are cut into replica
+  batches (the examples are read, not trained; a cached or in-memory source skips them
+  without touching storage).
+
+Random ops in ``map_fn`` (augmentation) are not replayed unless they are stateless with
+seeds derived from the element.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from tfdp_utils._tf import tf
+from tfdp_utils.data._epochs import EpochPlan, StepShape, dataset_info_for
+from tfdp_utils.data._info import DatasetInfo
+from tfdp_utils.data._pipeline import (
+    Recipe,
+    _call_source,
+    batch,
+    split_steps,
+    with_options,
+    worker_seed,
+)
+from tfdp_utils.data._sharding import parallel_reads
+
+_EPOCH_STRIDE = 104_729  # a prime: epoch e's seed is the worker's seed + stride * e
+_ENDLESS = 2**62  # epochs in the stream: never reached
+
+
+@dataclasses.dataclass(frozen=True)
+class Resumable:
+    """How to rebuild a builder dataset from a step of an epoch (see the module docstring).
+
+    Attributes:
+        strategy: the strategy the dataset was built for.
+        recipe: the pipeline's recipe, planned with aligned epochs.
+        source: the source as the pipeline reads it.
+        input_options: the ``tf.distribute.InputOptions`` given to the builder, or None.
+        info: the shape of one aligned epoch (steps, examples, the partial last step).
+    """
+
+    strategy: Any
+    recipe: Recipe
+    source: Any
+    input_options: Any
+    info: DatasetInfo
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Steps of every epoch, on every worker."""
+        assert self.info.steps_per_epoch is not None  # made only when known
+        return self.info.steps_per_epoch
+
+    @property
+    def shuffles(self) -> bool:
+        """Whether the epochs are shuffled (then a seed decides their order)."""
+        return self.recipe.shuffle_buffer_size is not None
+
+    def facts(self) -> dict[str, Any]:
+        """What a checkpoint must match to resume on this dataset exactly (JSON-able)."""
+        plan = self.recipe.plan
+        return {
+            "examples_per_epoch": self.info.examples_per_epoch,
+            "steps_per_epoch": self.info.steps_per_epoch,
+            "global_batch_size": self.info.global_batch_size,
+            "num_replicas_in_sync": self.info.num_replicas_in_sync,
+            "num_workers": self.info.num_workers,
+            "source_kind": plan.source_kind,
+            "policy": plan.policy,
+            "files": [list(files) for files in plan.files_per_worker],
+            "shuffle_buffer_size": self.recipe.shuffle_buffer_size,
+            "drop_remainder": self.recipe.drop_remainder,
+        }
+
+    def at(self, epoch: int, step: int, seed: int | None) -> Any:
+        """The distributed dataset from step ``step`` of epoch ``epoch`` on, epochs on end.
+
+        Args:
+            epoch: the epoch to start in (0-based, as Keras' ``initial_epoch``).
+            step: the steps of that epoch already trained (0 <= step < steps per epoch).
+            seed: the shuffle seed (required when the dataset shuffles).
+
+        Raises:
+            ValueError: a step outside the epoch, or no seed for a shuffled dataset.
+        """
+        if not 0 <= step < self.steps_per_epoch or epoch < 0:
+            raise ValueError(
+                f"cannot start at step {step} of epoch {epoch}: an epoch of this dataset has "
+                f"{self.steps_per_epoch} steps (0..{self.steps_per_epoch - 1})."
+            )
+        if self.shuffles and seed is None:
+            raise ValueError("a shuffled dataset starts at a step only with its shuffle seed")
+        recipe = dataclasses.replace(self.recipe, seed=seed)
+
+        def dataset_fn(context: Any) -> Any:
+            return positioned_worker_dataset(recipe, self.source, context, epoch, step)
+
+        from tfdp_utils.data._attach import attach
+
+        dist = self.strategy.distribute_datasets_from_function(
+            dataset_fn, options=self.input_options
+        )
+        return attach(dist, self.info, recipe.plan)
+
+
+def resumable(
+    strategy: Any,
+    recipe: Recipe,
+    source: Any,
+    input_options: Any,
+    aligned: EpochPlan | None,
+    shape: StepShape,
+) -> Resumable | None:
+    """A :class:`Resumable` for a built dataset, or None where its epochs cannot be aligned.
+
+    Args:
+        aligned: the epochs planned with ``repeat="epochs"`` (None when that is impossible).
+    """
+    if aligned is None or aligned.epoch_steps is None or not aligned.epoch_steps:
+        return None
+    plan = recipe.plan
+    if plan.source_kind == "dataset" and plan.policy in ("file", "hint"):
+        return None  # tf.data's own autoshard: no per-worker pipeline to position
+    positioned = dataclasses.replace(recipe, epochs=aligned, repeat=True)
+    info = dataset_info_for(aligned, shape, repeat="epochs", infinite=False)
+    return Resumable(strategy, positioned, source, input_options, info)
+
+
+def _epoch_seed(recipe: Recipe, index: int, epoch: Any) -> Any:
+    base = recipe.seed if recipe.keeps_order else worker_seed(recipe.seed, index)
+    return tf.constant(base or 0, tf.int64) + tf.cast(epoch, tf.int64) * _EPOCH_STRIDE
+
+
+def _read_files_in_order(recipe: Recipe, index: int, seed: Any) -> Any:
+    files = recipe.plan.files_per_worker[index]
+    file_ds = tf.data.Dataset.from_tensor_slices(tf.constant(list(files) or [""])).take(len(files))
+    if recipe.shuffle_buffer_size is not None and not recipe.keeps_order and len(files) > 1:
+        file_ds = file_ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=False)
+    reads = parallel_reads(len(files))
+    return file_ds.interleave(
+        recipe.reader, cycle_length=reads, num_parallel_calls=reads, deterministic=True
+    )
+
+
+def _one_epoch(recipe: Recipe, read_once: Any, index: int, workers: int, epoch: Any) -> Any:
+    """Epoch ``epoch`` of worker ``index``: shuffled with the epoch's seed, batched, padded."""
+    seed = _epoch_seed(recipe, index, epoch)
+    dataset = read_once if read_once is not None else _read_files_in_order(recipe, index, seed)
+    if recipe.shuffle_buffer_size is not None:
+        dataset = dataset.shuffle(
+            recipe.shuffle_buffer_size, seed=seed, reshuffle_each_iteration=False
+        )
+    if recipe.plan.policy == "data":
+        dataset = dataset.shard(workers, index)
+    if recipe.map_fn is not None and not recipe.maps_before_cache:
+        dataset = dataset.map(
+            recipe.map_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+        )
+    if recipe.epochs.take_per_worker is not None:
+        dataset = dataset.take(recipe.epochs.take_per_worker)
+    split = recipe.epochs.split_last_step
+    return batch(recipe, dataset, index, split=split, repeat_epochs=False)
+
+
+def _read_once(recipe: Recipe, source: Any, context: Any, index: int, workers: int) -> Any:
+    """What every epoch reads again (in-memory, a function's dataset, or the cache); None
+    for files read anew each epoch."""
+    if recipe.plan.source_kind == "files" and not recipe.cache:
+        return None
+    if recipe.plan.source_kind == "files":
+        dataset = _read_files_in_order(recipe, index, tf.constant(recipe.seed or 0, tf.int64))
+    elif recipe.plan.source_kind == "function":
+        dataset = _call_source(source, context)
+    else:
+        dataset = source
+    if recipe.maps_before_cache:
+        dataset = dataset.map(
+            recipe.map_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+        )
+    if recipe.cache:
+        name = recipe.cache if isinstance(recipe.cache, str) else ""
+        if name and workers > 1:
+            name = f"{name}.worker-{index}-of-{workers}"
+        dataset = dataset.cache(name)
+    return dataset
+
+
+def positioned_worker_dataset(
+    recipe: Recipe, source: Any, context: Any, first_epoch: int, first_step: int
+) -> Any:
+    """This worker's stream of whole epochs from step ``first_step`` of ``first_epoch`` on.
+
+    Raises:
+        RuntimeError: the strategy has a different number of input pipelines than the plan.
+    """
+    workers, index = int(context.num_input_pipelines), int(context.input_pipeline_id)
+    if workers != recipe.plan.num_workers:
+        raise RuntimeError(
+            f"the plan was made for {recipe.plan.num_workers} workers but the strategy has "
+            f"{workers} input pipelines; build the dataset with the strategy that trains."
+        )
+    read_once = _read_once(recipe, source, context, index, workers)
+    epochs = tf.data.Dataset.range(first_epoch, _ENDLESS)
+    dataset = epochs.flat_map(lambda epoch: _one_epoch(recipe, read_once, index, workers, epoch))
+    split = recipe.epochs.split_last_step
+    # Whole steps with the split; replica batches (the worker's replicas per step) without.
+    unit = 1 if split else recipe.replicas_per_worker
+    if first_step:
+        dataset = dataset.skip(first_step * unit)
+    if split:
+        dataset = split_steps(dataset, recipe.replicas_per_worker)
+    off = tf.data.experimental.AutoShardPolicy.OFF
+    return with_options(recipe, dataset, off, deterministic=True)

@@ -1,0 +1,519 @@
+"""``PreemptionCheckpoint``: save on a preemption notice, exit to be run again, resume exactly.
+
+TensorFlow glue over the pure pieces of this package (:mod:`._signals`, :mod:`._store`). The
+callback takes part in the ``fit`` call it is passed to before Keras sees the call (through
+:class:`tfdp_utils.compat._fit_binding.FitCallAdapter`): it reads the latest checkpoint in its
+directory, checks that it was saved by the same training setup, and hands ``fit`` the builder
+dataset positioned at the saved step of the saved epoch (``tfdp_resumable``),
+``steps_per_epoch`` and ``initial_epoch``; Keras' first epoch then starts at that step
+(:mod:`tfdp_utils.compat._resume_position`). At train begin the weights and the optimizer
+state (its step counter, slots, loss scale) are read back.
+
+A notice (SIGTERM by default) only sets a flag; at the end of the step that is running, the
+position is saved atomically and ``fit`` ends: the process exits with
+:data:`~tfdp_utils.preemption._signals.PREEMPTED_EXIT_STATUS` (75), which schedulers treat as
+"run again", or ``fit`` returns when ``exit=False``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from tfdp_utils import _tf
+from tfdp_utils._tf import keras, tf
+from tfdp_utils.cluster._topology import position_of
+from tfdp_utils.compat import _fit_binding as fit_binding
+from tfdp_utils.compat import _resume_position as resume_position
+from tfdp_utils.errors import ResumeMismatchError
+from tfdp_utils.preemption import _agreement as agreement
+from tfdp_utils.preemption import _signals as signals_
+from tfdp_utils.preemption import _store as store
+
+logger = logging.getLogger("tfdp_utils")
+
+_Callback: Any = keras.callbacks.Callback
+_CALLER = "PreemptionCheckpoint"
+_fits = itertools.count()  # keys of each prepared fit: the same on every worker of a job
+DEFAULT_GRACE_SECONDS = 25.0
+
+
+def _positive_int_or_none(value: Any, name: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a whole number >= 1 or None, but received {value!r}.")
+    return value
+
+
+def _model_variables(model: Any) -> list[list[Any]]:
+    return [[v.path if hasattr(v, "path") else v.name, list(v.shape)] for v in model.weights]
+
+
+class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
+    """Save on a preemption notice and exit to be run again; resume mid-epoch, exactly.
+
+    Pass it to ``fit`` with a dataset from ``tdu.build_distributed_dataset()``. On SIGTERM
+    (or the ``signals`` named) the step that is running ends, the training position is saved
+    to ``directory`` and the process exits with status 75 (``exit=False``: ``fit`` returns).
+    Running the same script again resumes at the saved step of the saved epoch: the dataset
+    skips the global batches the epoch already trained on, the weights and optimizer state
+    are read back, and every example of that epoch is trained once over the two runs.
+
+    Args:
+        directory: a folder that outlives the process (a persistent volume, a shared file
+            system). Checkpoints are ``directory/ckpt-<step>``, written atomically.
+        signals: the signals that announce a preemption. Defaults to ``("SIGTERM",)``;
+            SLURM users add ``"SIGUSR1"`` with ``--signal=B:USR1@90``.
+        every_steps: also save every this many steps (the last ``keep`` are kept), so that a
+            job killed without notice (SIGKILL, a lost node) resumes from the last one.
+            Defaults to `None` (no periodic save).
+        keep: how many checkpoints to keep. Defaults to `3`.
+        exit: end the process after the save (status 75). `False`: ``fit`` returns.
+            Defaults to `True`.
+        grace_seconds: the time the scheduler gives between the notice and SIGKILL; a save
+            still running then is logged as a WARNING before it is cut short. Defaults to
+            `25.0` (Kubernetes gives 30 s).
+
+    Raises:
+        TypeError: a ``directory`` that is not a path.
+        ValueError: a signal that cannot be caught or is unknown, ``every_steps`` or ``keep``
+            not a whole number >= 1.
+    """
+
+    EXIT_STATUS = signals_.PREEMPTED_EXIT_STATUS
+    """The process's exit status after a preemption save: 75 (``EX_TEMPFAIL``, "run again")."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        signals: Any = signals_.DEFAULT_SIGNALS,
+        every_steps: int | None = None,
+        keep: int = 3,
+        exit: bool = True,
+        grace_seconds: float = DEFAULT_GRACE_SECONDS,
+    ) -> None:
+        super().__init__()
+        if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
+            raise TypeError(
+                f"directory must be a folder path, but received {directory!r}. Pass a folder "
+                "on a volume that outlives the job's processes."
+            )
+        self.directory = os.fspath(directory)  # checked and made absolute when fit starts
+        self.signals = signals_.signal_numbers(signals)
+        self.every_steps = _positive_int_or_none(every_steps, "every_steps")
+        checked_keep = _positive_int_or_none(keep, "keep")
+        if checked_keep is None:
+            raise ValueError(f"keep must be a whole number >= 1, but received {keep!r}.")
+        self.keep = checked_keep
+        if not isinstance(exit, bool):
+            raise TypeError(f"exit must be True or False, but received {exit!r}.")
+        self.exit = exit
+        if (
+            isinstance(grace_seconds, bool)
+            or not isinstance(grace_seconds, (int, float))
+            or not grace_seconds > 0
+        ):
+            raise ValueError(
+                f"grace_seconds must be a number of seconds > 0, but received {grace_seconds!r}."
+            )
+        self.grace_seconds = float(grace_seconds)
+        # fit must be wrapped before the call that takes this callback is looked up.
+        fit_binding.install(applied_by="PreemptionCheckpoint()")
+        self.notice = signals_.Notice()
+        self.saved_path: str | None = None
+        self.resumed_from: str | None = None
+        self._run: _Run | None = None
+
+    # -- before Keras sees the call (FitCallAdapter) -------------------------------------
+
+    def prepare_fit(
+        self, model: Any, arguments: dict[str, Any]
+    ) -> contextlib.AbstractContextManager[Any]:
+        """Position ``fit``'s data and counters at the latest checkpoint (or the start)."""
+        self.notice = signals_.Notice()  # a notice ends one fit: the next starts afresh
+        self.saved_path = None
+        resumable = self._resumable(arguments.get("x"))
+        given = arguments.get("steps_per_epoch")
+        if given is not None and given != resumable.steps_per_epoch:
+            raise ValueError(
+                f"steps_per_epoch={given!r} differs from the dataset's epoch of "
+                f"{resumable.steps_per_epoch} steps; PreemptionCheckpoint resumes whole "
+                "epochs of the builder dataset. Leave steps_per_epoch out."
+            )
+        directory = store.check_directory(self.directory)
+        store.clear_temporary(directory)
+        latest = store.latest(directory, _check_variables)
+        facts = resumable.facts()
+        if latest is not None:
+            _check_facts(latest, facts)
+            epoch, step = int(latest.state["epoch"]), int(latest.state["step_in_epoch"])
+            seed = latest.state.get("seed")
+        else:
+            epoch, step = _initial_epoch(arguments.get("initial_epoch", 0)), 0
+            seed = resumable.recipe.seed
+            if seed is None and resumable.shuffles:
+                seed = random.randrange(2**31)  # kept in every checkpoint of this run
+        if step and not resume_position.install(applied_by=_CALLER):
+            raise ResumeMismatchError(
+                f"the checkpoint {latest.path if latest else ''} is at step {step} of epoch "
+                f"{epoch + 1}, but TFDP_NO_KERAS_PATCHES=1 keeps tfdp-utils from starting "
+                "Keras' epoch there. Unset TFDP_NO_KERAS_PATCHES to resume mid-epoch."
+            )
+        arguments["x"] = resumable.at(epoch, step, seed)
+        arguments["steps_per_epoch"] = resumable.steps_per_epoch
+        arguments["initial_epoch"] = epoch
+        self.resumed_from = latest.path if latest is not None else None
+        self._run = _Run(
+            directory=directory,
+            facts=facts,
+            seed=seed,
+            steps_per_epoch=resumable.steps_per_epoch,
+            epoch=epoch,
+            done=step,
+            restore=latest,
+        )
+        if latest is not None:
+            logger.info(
+                "tfdp_utils: PreemptionCheckpoint resumes from %s: epoch %d, step %d of %d.",
+                latest.path,
+                epoch + 1,
+                step,
+                resumable.steps_per_epoch,
+            )
+        return self._fit_call(step)
+
+    @contextlib.contextmanager
+    def _fit_call(self, step: int) -> Iterator[None]:
+        handlers = signals_.SignalHandlers(self.signals, self.notice)
+        try:
+            with resume_position.first_epoch_starts_at(step):
+                yield
+        finally:
+            handlers.restore()
+
+    @staticmethod
+    def _resumable(x: Any) -> Any:
+        factory = getattr(x, "tfdp_resumable", None)
+        if factory is None:
+            raise TypeError(
+                f"PreemptionCheckpoint resumes a dataset from tdu.build_distributed_dataset(), "
+                f"but fit received {type(x).__name__}. Build the training data with "
+                "tdu.build_distributed_dataset(...) (not through the tf.data service)."
+            )
+        resumable = factory()
+        if resumable is None:
+            raise ValueError(
+                "PreemptionCheckpoint needs a dataset whose epochs it can count and align: a "
+                "source of known size (files with count_examples=True, arrays, a sized "
+                "tf.data.Dataset) of dense elements, read per worker (not through tf.data's "
+                "FILE/HINT autoshard of a dataset). This dataset's epochs are of unknown size "
+                "or hold sparse or ragged elements."
+            )
+        return resumable
+
+    # -- Keras callbacks --------------------------------------------------------------------
+
+    def on_train_begin(self, logs: Mapping[str, Any] | None = None) -> None:
+        run = self._run
+        if run is None:
+            off = " (TFDP_NO_KERAS_PATCHES=1 keeps it off)" if not fit_binding.installed() else ""
+            raise RuntimeError(
+                "PreemptionCheckpoint takes part in the fit call it is passed to, through "
+                f"tfdp-utils' wrapper of Model.fit{off}; this fit call did not go through it. "
+                "Pass the callback in model.fit(callbacks=[...]) (not in a CallbackList made "
+                "by hand), and create it before model.fit is looked up."
+            )
+        model = self.model
+        run.checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
+        if run.restore is not None:
+            _check_model(run.restore, model)
+            run.checkpoint.read(run.restore.variables).expect_partial()
+        run.monitor = _GraceMonitor(self.notice, self.grace_seconds)
+        position = position_of(getattr(model, "distribute_strategy", None))
+        run.worker, run.num_workers = position.index, position.num_workers
+        if run.num_workers > 1:
+            run.channel = agreement.CoordinationChannel(
+                _CoordinationStore(),
+                f"tfdp/preemption/{run.serial}",
+                worker=run.worker,
+                num_workers=run.num_workers,
+                ack_timeout=self.grace_seconds,
+                exists_error=tf.errors.AlreadyExistsError,
+            )
+        elif self.notice.received:
+            self._stop(run, save=False)
+
+    def on_epoch_begin(self, epoch: int, logs: Mapping[str, Any] | None = None) -> None:
+        run = self._run
+        if run is not None and epoch != run.epoch:
+            run.epoch, run.done = epoch, 0
+
+    def on_train_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
+        run = self._run
+        if run is None:
+            return
+        run.done = int(batch) + 1
+        if run.done >= run.steps_per_epoch:
+            run.epoch, run.done = run.epoch + 1, 0
+        if run.channel is None:
+            if self.notice.received:
+                self._stop(run, save=True)
+            elif self.every_steps and run.global_step % self.every_steps == 0:
+                self._save(run, reason="every_steps")
+            return
+        # Several workers: act on the agreed requests for this step; ask for a stop once.
+        for request in run.channel.received()[run.acted :]:
+            if request.call > run.global_step:
+                break
+            run.acted += 1
+            if request.action == "stop":
+                self._stop(run, save=True, request=request)
+        if self.every_steps and run.global_step % self.every_steps == 0:
+            self._save(run, reason="every_steps")
+        if self.notice.received and not run.asked:
+            run.asked = True
+            agreed = run.channel.propose(
+                "stop", after_call=run.global_step, reason=str(self.notice.signal_name)
+            )
+            logger.warning(
+                "tfdp_utils: PreemptionCheckpoint: %s on worker %d; every worker stops after "
+                "step %d.",
+                self.notice.signal_name,
+                run.worker,
+                agreed.call,
+            )
+
+    def on_train_end(self, logs: Mapping[str, Any] | None = None) -> None:
+        run = self._run
+        if run is not None:
+            run.close()
+
+    # -- saving -----------------------------------------------------------------------------
+
+    def _save(self, run: _Run, *, reason: str) -> None:
+        model = self.model
+        state = {
+            "epoch": run.epoch,
+            "step_in_epoch": run.done,
+            "steps_per_epoch": run.steps_per_epoch,
+            "seed": run.seed,
+            "dataset": run.facts,
+            "optimizer": type(model.optimizer).__name__,
+            "variables": _model_variables(model),
+            "keras": _tf.KERAS_VERSION if _tf.IS_KERAS3 else "tf_keras",
+            "reason": reason,
+            "saved_at": time.time(),
+        }
+        checkpoint = run.checkpoint
+        if run.worker != 0:
+            # Every worker takes part in writing (reading synchronised values is collective);
+            # only the chief's copy is kept.
+            store.scratch_save(run.directory, run.worker, lambda prefix: checkpoint.write(prefix))
+            self.saved_path = os.path.join(run.directory, store.folder_name(run.global_step))
+            return
+        saved = store.save(
+            run.directory,
+            run.global_step,
+            state,
+            lambda prefix: checkpoint.write(prefix),
+            keep=self.keep,
+        )
+        self.saved_path = saved.path
+
+    def _stop(self, run: _Run, *, save: bool, request: agreement.Request | None = None) -> None:
+        started = time.monotonic()
+        reason = (
+            f"notice {self.notice.signal_name}"
+            if request is None
+            else f"notice {request.reason} on worker {request.worker}"
+        )
+        if save:
+            self._save(run, reason=reason)
+        if run.channel is not None:
+            # The others may still be writing: wait for every worker's part, bounded.
+            agreement.barrier(
+                _CoordinationStore(),
+                f"tfdp/preemption/{run.serial}/saved/{run.global_step}",
+                worker=run.worker,
+                num_workers=run.num_workers,
+                timeout=self.grace_seconds,
+            )
+        run.close()
+        received = self.notice.received_at or started
+        logger.warning(
+            "tfdp_utils: PreemptionCheckpoint: %s; %s at epoch %d, step %d of %d "
+            "(%.1f s after the notice). %s",
+            reason,
+            f"saved {self.saved_path}" if save else "nothing trained since the last save",
+            run.epoch + 1,
+            run.done,
+            run.steps_per_epoch,
+            time.monotonic() - received,
+            f"Exiting with status {signals_.PREEMPTED_EXIT_STATUS}: run the same command to resume."
+            if self.exit
+            else "fit returns.",
+        )
+        raise fit_binding.StopFit(
+            "stopped by a preemption notice",
+            exit_status=signals_.PREEMPTED_EXIT_STATUS if self.exit else None,
+        )
+
+
+class _Run:
+    """The position and the objects of one prepared ``fit`` call."""
+
+    def __init__(
+        self,
+        *,
+        directory: str,
+        facts: dict[str, Any],
+        seed: int | None,
+        steps_per_epoch: int,
+        epoch: int,
+        done: int,
+        restore: store.Saved | None,
+    ) -> None:
+        self.directory = directory
+        self.facts = facts
+        self.seed = seed
+        self.steps_per_epoch = steps_per_epoch
+        self.epoch = epoch
+        self.done = done
+        self.restore = restore
+        self.checkpoint: Any = None
+        self.monitor: _GraceMonitor | None = None
+        self.serial = next(_fits)
+        self.worker, self.num_workers = 0, 1
+        self.channel: agreement.CoordinationChannel | None = None
+        self.acted = 0  # agreed requests acted on
+        self.asked = False  # whether this worker asked for a stop
+
+    def close(self) -> None:
+        """Stop the grace monitor and the watcher thread."""
+        if self.monitor is not None:
+            self.monitor.stop()
+        if self.channel is not None:
+            self.channel.close()
+
+    @property
+    def global_step(self) -> int:
+        """Steps trained since the first epoch of the job began."""
+        return self.epoch * self.steps_per_epoch + self.done
+
+
+class _GraceMonitor:
+    """Logs a WARNING when a save is still running ``grace`` seconds after the notice."""
+
+    def __init__(self, notice: signals_.Notice, grace: float) -> None:
+        self._notice, self._grace = notice, grace
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="tfdp-preemption", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stopped.wait(0.25):
+            received = self._notice.received_at
+            if received is not None and time.monotonic() - received > self._grace:
+                logger.warning(
+                    "tfdp_utils: PreemptionCheckpoint: %s came %.0f s ago and the step or the "
+                    "save has not finished; the scheduler's SIGKILL will cut it short, and the "
+                    "job will resume from the previous checkpoint. Give the job a longer grace "
+                    "period (terminationGracePeriodSeconds, SLURM --signal=...@seconds).",
+                    self._notice.signal_name,
+                    self._grace,
+                )
+                return
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+
+class _CoordinationStore:
+    """TensorFlow's coordination service as the key-value store of
+    :class:`~tfdp_utils.preemption._agreement.CoordinationChannel` (a blocking get releases
+    the GIL)."""
+
+    def set(self, key: str, value: str) -> None:
+        from tensorflow.python.eager import context
+
+        context.context().set_config_key_value(key, value)
+
+    def get(self, key: str, timeout_ms: int) -> str | None:
+        from tensorflow.python.eager import context
+
+        try:
+            value = context.context().get_config_key_value(key, timeout_in_ms=timeout_ms)
+        except tf.errors.DeadlineExceededError:
+            return None
+        return str(value)
+
+
+def _initial_epoch(value: Any) -> int:
+    return int(value or 0)
+
+
+def _check_variables(prefix: str) -> None:
+    tf.train.load_checkpoint(prefix)
+
+
+_FACT_WORDS = {  # the causes first: the steps per epoch follow from them
+    "global_batch_size": "global batch size",
+    "num_replicas_in_sync": "replicas",
+    "num_workers": "workers",
+    "examples_per_epoch": "examples per epoch",
+    "source_kind": "kind of source",
+    "policy": "sharding policy",
+    "files": "files (per worker)",
+    "shuffle_buffer_size": "shuffle buffer size",
+    "drop_remainder": "drop_remainder",
+    "steps_per_epoch": "steps per epoch",
+}
+
+
+def _check_facts(saved: store.Saved, facts: Mapping[str, Any]) -> None:
+    before = saved.state.get("dataset", {})
+    for key, words in _FACT_WORDS.items():
+        if key in before and before[key] != facts.get(key):
+            raise ResumeMismatchError(
+                f"the checkpoint {saved.path} was saved with {words} {before[key]!r}, but this "
+                f"run has {facts.get(key)!r}: resuming would not continue the same epochs. "
+                "Resume with the same settings, or start afresh with another directory= "
+                "(or delete the old checkpoints)."
+            )
+
+
+def _check_model(saved: store.Saved, model: Any) -> None:
+    before = saved.state.get("optimizer")
+    now = type(model.optimizer).__name__
+    if before is not None and before != now:
+        raise ResumeMismatchError(
+            f"the checkpoint {saved.path} holds the state of a {before} optimizer, but the "
+            f"model is compiled with {now}. Compile with {before} to resume, or start afresh "
+            "with another directory=."
+        )
+    shapes = saved.state.get("variables")
+    if shapes is None:
+        return
+    current = _model_variables(model)
+    if [shape for _, shape in shapes] == [shape for _, shape in current]:
+        return
+    pairs = zip(shapes, current, strict=False)
+    differ = next(((a, b) for a, b in pairs if a[1] != b[1]), None)
+    detail = (
+        f"{differ[0][0]} has shape {differ[0][1]} there, {differ[1][0]} has {differ[1][1]} here"
+        if differ is not None
+        else f"{len(shapes)} weights there, {len(current)} here"
+    )
+    raise ResumeMismatchError(
+        f"the checkpoint {saved.path} was saved from a different model: {detail}. Resume "
+        "with the same model, or start afresh with another directory=."
+    )
