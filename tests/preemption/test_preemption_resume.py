@@ -20,6 +20,9 @@ import numpy as np
 import pytest
 from support.processes import Process, free_port, start_python, tf_config, wait_all
 
+from tfdp_utils.throughput import _tags as tags
+from tfdp_utils.throughput._report import read_runs
+
 pytestmark = pytest.mark.keras
 
 PREEMPTED = 75  # tdu.preemption.PREEMPTED_EXIT_STATUS, checked against it below
@@ -94,8 +97,9 @@ class Record(keras.callbacks.Callback):
 
 
 checkpoint = tdu.callbacks.PreemptionCheckpoint(directory, every_steps=every)
+logger = tdu.callbacks.ThroughputLogger(os.environ["JOB_TB"], log_every_n_steps=2)
 try:
-    model.fit(dist, epochs=EPOCHS, verbose=0, callbacks=[Record(), checkpoint])
+    model.fit(dist, epochs=EPOCHS, verbose=0, callbacks=[logger, Record(), checkpoint])
     log["weights"] = [w.tolist() for w in model.get_weights()]
 finally:
     log["iterations"] = int(model.optimizer.iterations.numpy())
@@ -116,6 +120,7 @@ def _start(
         worker_env: dict[str, str | None] = {
             "JOB_REPLICAS": "2" if workers == 1 else "1",
             "TF_CONFIG": tf_config(ports, index) if workers > 1 else None,
+            "JOB_TB": str(tmp / f"tb-{directory.name}"),
             **env,
             **(told if index == workers - 1 else {}),
         }
@@ -185,6 +190,15 @@ def test_a_notice_to_one_worker_stops_all_at_one_step_and_the_rerun_resumes_exac
         epoch_2 = np.array(before["partial"]) + np.array(log["epochs"]["1"])
         assert epoch_2.tolist() == [1.0] * 45
         assert log["batches"][0] == [1, before["batches"][-1][1] + 1]  # Keras' step numbers go on
+    # TensorBoard, read back over both runs: the step axis goes on without a repeated or a
+    # missing stretch, and the last count is every example of the 3 epochs.
+    examples = read_runs(str(tmp_path / "tb-job"))["global"].series[tags.EXAMPLES]
+    steps = [step for step, _ in examples]
+    assert steps == sorted(set(steps)), steps
+    assert stopped[0]["iterations"] in steps  # the stopped run's last point
+    assert examples[-1] == (18, 3 * 45)
+    counts = [value for _, value in examples]
+    assert counts == sorted(counts)
 
 
 def test_a_killed_job_resumes_exactly_from_its_last_periodic_checkpoint(tmp_path: Path) -> None:

@@ -80,10 +80,12 @@ class FitData:
         kind: ``"a <type name>"``, for messages.
         static_batch: for a plain ``tf.data.Dataset`` whose every element has the same static
             first dimension (batched with ``drop_remainder=True``), that batch size; else None.
+        position: where a resumed builder dataset starts (``PreemptionCheckpoint``), or None.
     """
 
     def __init__(self, x: Any) -> None:
         self.info = dataset_info.info_of(x)
+        self.position = dataset_info.position_of_stream(x)
         self.kind = f"a {type(x).__name__}"
         self.static_batch = static_batch_size(x) if self.info is None else None
 

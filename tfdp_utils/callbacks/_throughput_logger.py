@@ -270,6 +270,9 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
             global_batch_size=self.global_batch_size,
         )
         counter.info, counter.source = counting
+        position = None if self._fit_data is None else self._fit_data.position
+        if position is not None:
+            counter.continue_job()  # a resumed job: its counts go on from the runs before
         every, warmup = window_plan(
             self._planned_steps(),
             log_every_n_steps=self.log_every_n_steps,
@@ -493,6 +496,14 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
             self._summary = self._build_summary(fit, final)
             self._writers.close()
 
+    def on_fit_stopped(self) -> None:
+        """A callback ended ``fit`` early (a preemption): write the last point, as at its end.
+
+        Every worker of a job stops after the same step, so the last point's collective
+        matches.
+        """
+        self.on_train_end()
+
     # ------------------------------------------------------------------ measuring
 
     def _place(self, model: Any) -> Placement:
@@ -579,6 +590,9 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         data = self._fit_data
         fit_info = None if data is None else data.info
         info = self._given_info
+        position = None if data is None else data.position
+        if info is not None and position is not None and position.built_from == info:
+            info = None  # the dataset passed, resumed by PreemptionCheckpoint: count its stream
         if info is not None:
             if fit_info is not None and fit_info != info:
                 raise ValueError(self._other_dataset_message(info, fit_info))

@@ -242,7 +242,7 @@ def _wrap(method: str, original: Callable[..., Any]) -> Callable[..., Any]:
             try:
                 return original(*bound.args, **bound.kwargs)
             except StopFit as stop:
-                return _stopped(model, stop)
+                return _stopped(model, stop, arguments.get("callbacks"))
             finally:
                 for consumer in consumers:
                     consumer.bind_fit_data(None)
@@ -250,9 +250,29 @@ def _wrap(method: str, original: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def _stopped(model: Any, stop: StopFit) -> Any:
+def _finish_loggers(callbacks: Any) -> None:
+    """Let the call's loggers write what they hold before a stopped ``fit`` ends.
+
+    ``on_train_end`` is not called (it means "training finished": Keras' BackupAndRestore
+    deletes its backup there); a callback with ``on_fit_stopped()`` (ThroughputLogger: its
+    last point) gets that, and Keras' TensorBoard callback has its writers closed, which
+    flushes them.
+    """
+    for callback in _callback_list(callbacks):
+        stopped = getattr(callback, "on_fit_stopped", None)
+        if callable(stopped):
+            stopped()
+        elif type(callback).__name__ == "TensorBoard":
+            close = getattr(callback, "_close_writers", None)
+            if callable(close):
+                close()
+
+
+def _stopped(model: Any, stop: StopFit, callbacks: Any) -> Any:
     """End a ``fit`` a callback stopped: exit the process, or return the ``History``."""
     from tfdp_utils import _exit_guard as exit_guard
+
+    _finish_loggers(callbacks)
 
     # The traceback holds fit's frames, and with them the dataset iterator: let them go now,
     # not at interpreter shutdown (see tfdp_utils._exit_guard).

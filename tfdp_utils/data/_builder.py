@@ -41,6 +41,7 @@ from tfdp_utils.data._epochs import (
     needs_element_check,
     plan_epochs,
 )
+from tfdp_utils.data._info import DatasetInfo
 from tfdp_utils.data._pipeline import Recipe, global_dataset, per_worker_dataset
 from tfdp_utils.data._positioned import Resumable, resumable
 from tfdp_utils.data._sharding import (
@@ -383,7 +384,7 @@ def build_distributed_dataset(
     dist = single_device.remember(attach(dist, info, planned.plan), arguments, self_batching=False)
     if call.service is None:
         # Asked for by PreemptionCheckpoint only: planning aligned epochs can read an element.
-        dist.tfdp_resumable = functools.partial(_resumable, call, planned, map_fn)
+        dist.tfdp_resumable = functools.partial(_resumable, call, planned, map_fn, info)
     return dist
 
 
@@ -491,7 +492,7 @@ def _recipe(call: BuilderCall, planned: _Planned, map_fn: Callable[..., Any] | N
 
 
 def _resumable(
-    call: BuilderCall, planned: _Planned, map_fn: Callable[..., Any] | None
+    call: BuilderCall, planned: _Planned, map_fn: Callable[..., Any] | None, info: DatasetInfo
 ) -> Resumable | None:
     """How to rebuild the dataset from a step of an epoch (``PreemptionCheckpoint``), or None
     where its epochs cannot be aligned (unknown size, sparse or ragged elements)."""
@@ -512,7 +513,7 @@ def _resumable(
     )
     recipe = _recipe(call, planned, map_fn)
     return resumable(
-        call.strategy, recipe, planned.source, call.input_options, aligned, planned.shape
+        call.strategy, recipe, planned.source, call.input_options, aligned, planned.shape, info
     )
 
 

@@ -166,3 +166,26 @@ def info_of(dataset: Any) -> DatasetInfo | None:
     """The :class:`DatasetInfo` attached to a dataset from the builder, or None."""
     info = getattr(dataset, "tfdp_info", None)
     return info if isinstance(info, DatasetInfo) else None
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamPosition:
+    """Where a resumed builder dataset starts (``PreemptionCheckpoint``): its first element
+    is step ``step`` of epoch ``epoch`` of a job that began at epoch 0, step 0.
+
+    Attributes:
+        epoch: the epoch the stream starts in (0-based).
+        step: the steps of that epoch trained before (the stream starts after them).
+        built_from: the info of the dataset the stream was rebuilt from (as the builder made
+            it, before its epochs were aligned).
+    """
+
+    epoch: int
+    step: int
+    built_from: DatasetInfo | None = None
+
+
+def position_of_stream(dataset: Any) -> StreamPosition | None:
+    """The :class:`StreamPosition` of a resumed builder dataset, or None."""
+    position = getattr(dataset, "tfdp_position", None)
+    return position if isinstance(position, StreamPosition) else None

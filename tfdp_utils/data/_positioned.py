@@ -28,7 +28,7 @@ from typing import Any
 
 from tfdp_utils._tf import tf
 from tfdp_utils.data._epochs import EpochPlan, StepShape, dataset_info_for
-from tfdp_utils.data._info import DatasetInfo
+from tfdp_utils.data._info import DatasetInfo, StreamPosition
 from tfdp_utils.data._pipeline import (
     Recipe,
     _call_source,
@@ -53,6 +53,7 @@ class Resumable:
         source: the source as the pipeline reads it.
         input_options: the ``tf.distribute.InputOptions`` given to the builder, or None.
         info: the shape of one aligned epoch (steps, examples, the partial last step).
+        built_from: the info of the dataset as the builder made it.
     """
 
     strategy: Any
@@ -60,6 +61,7 @@ class Resumable:
     source: Any
     input_options: Any
     info: DatasetInfo
+    built_from: DatasetInfo | None = None
 
     @property
     def steps_per_epoch(self) -> int:
@@ -116,7 +118,9 @@ class Resumable:
         dist = self.strategy.distribute_datasets_from_function(
             dataset_fn, options=self.input_options
         )
-        return attach(dist, self.info, recipe.plan)
+        dist = attach(dist, self.info, recipe.plan)
+        dist.tfdp_position = StreamPosition(epoch, step, built_from=self.built_from)
+        return dist
 
 
 def resumable(
@@ -126,6 +130,7 @@ def resumable(
     input_options: Any,
     aligned: EpochPlan | None,
     shape: StepShape,
+    built_from: DatasetInfo | None = None,
 ) -> Resumable | None:
     """A :class:`Resumable` for a built dataset, or None where its epochs cannot be aligned.
 
@@ -139,7 +144,7 @@ def resumable(
         return None  # tf.data's own autoshard: no per-worker pipeline to position
     positioned = dataclasses.replace(recipe, epochs=aligned, repeat=True)
     info = dataset_info_for(aligned, shape, repeat="epochs", infinite=False)
-    return Resumable(strategy, positioned, source, input_options, info)
+    return Resumable(strategy, positioned, source, input_options, info, built_from)
 
 
 def _epoch_seed(recipe: Recipe, index: int, epoch: Any) -> Any:

@@ -40,7 +40,7 @@ class Request:
 
     Attributes:
         action: ``"stop"`` (save, then stop) or ``"save"`` (save and go on).
-        call: the ``on_train_batch_end`` call (counted from 1 in this ``fit``) after which
+        call: the training step (counted from the job's first, as the global step) after which
             every worker acts.
         worker: the worker that asked.
         reason: why, in words (``"SIGTERM on worker 1"``, ``"every_seconds=600"``).
@@ -175,12 +175,12 @@ class CoordinationChannel:
         # Another worker's request may hold this index: it is then the one agreed.
         with contextlib.suppress(self.exists_error):
             self.store.set(self._request_key(index), request.encode())
-        agreed = self._wait_for(index)
-        self._wait_for_acks(index, agreed)
+        deadline = time.monotonic() + self.ack_timeout  # one bound for the whole agreement
+        agreed = self._wait_for(index, deadline)
+        self._wait_for_acks(index, agreed, deadline)
         return agreed
 
-    def _wait_for(self, index: int) -> Request:
-        deadline = time.monotonic() + self.ack_timeout
+    def _wait_for(self, index: int, deadline: float) -> Request:
         with self._changed:
             while len(self._requests) <= index:
                 left = deadline - time.monotonic()
@@ -192,11 +192,10 @@ class CoordinationChannel:
                 self._changed.wait(min(left, 1.0))
             return self._requests[index]
 
-    def _wait_for_acks(self, index: int, request: Request) -> None:
-        deadline = time.monotonic() + self.ack_timeout
+    def _wait_for_acks(self, index: int, request: Request, deadline: float) -> None:
         for worker in range(self.num_workers):
             while True:
-                value = self.store.get(self._ack_key(index, worker), _SLICE_MS)
+                value = self.store.get(self._ack_key(index, worker), _slice_ms(deadline))
                 if value is not None:
                     break
                 if time.monotonic() >= deadline:
@@ -219,6 +218,11 @@ class CoordinationChannel:
         self._watcher.join(timeout=2 * _SLICE_MS / 1000)
 
 
+def _slice_ms(deadline: float) -> int:
+    """A wait of at most one slice that ends by ``deadline`` (at least 1 ms)."""
+    return max(1, min(_SLICE_MS, int((deadline - time.monotonic()) * 1000)))
+
+
 def barrier(
     store: KeyValueStore,
     key: str,
@@ -232,7 +236,7 @@ def barrier(
     store.set(f"{key}/{worker}", "1")
     deadline = time.monotonic() + timeout
     for other in range(num_workers):
-        while store.get(f"{key}/{other}", 1000) is None:
+        while store.get(f"{key}/{other}", _slice_ms(deadline)) is None:
             if time.monotonic() >= deadline:
                 say(
                     f"tfdp_utils: worker {other} did not finish its part of the save within "

@@ -11,6 +11,7 @@ never the one restored.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -39,7 +40,7 @@ def step_of(name: str) -> int | None:
     if not name.startswith(_PREFIX):
         return None
     digits = name[len(_PREFIX) :]
-    return int(digits) if digits.isdigit() else None
+    return int(digits) if digits.isascii() and digits.isdigit() else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,16 +227,23 @@ def latest(directory: str, check: Callable[[str], Any]) -> Saved | None:
 
 
 def prune(directory: str, keep: int) -> list[str]:
-    """Delete all but the newest ``keep`` checkpoints (and stale temporary folders)."""
+    """Delete all but the newest ``keep`` checkpoints; the deleted folders."""
+    found = saved(directory)
     removed = []
-    for _, path in saved(directory)[: max(0, len(saved(directory)) - keep)]:
+    for _, path in found[: max(0, len(found) - keep)]:
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)
     return removed
 
 
 def clear_temporary(directory: str) -> None:
-    """Delete the temporary folders a save cut short left behind (chief, before training)."""
+    """Delete what a save or a directory check cut short left behind (before training)."""
     for name in os.listdir(directory):
-        if name.startswith(_TEMPORARY):
-            shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+        if not name.startswith(_TEMPORARY):
+            continue
+        path = os.path.join(directory, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.remove(path)

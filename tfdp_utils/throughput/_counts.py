@@ -82,6 +82,20 @@ class ExampleCounter:
             self.counts[i] += value
         self.counted_step = step
 
+    def continue_job(self) -> None:
+        """Count a resumed job from its first step: positions in the layout of a repeating
+        dataset from the optimizer's step 0, and the examples of every step before this
+        ``fit`` (those of the runs before it) carried.
+
+        For a ``PreemptionCheckpoint`` resume, whose dataset is a stream of whole epochs that
+        starts at the step the optimizer's count is at.
+        """
+        info = self.info
+        if info is None or not info.repeat:
+            return
+        self.origin = 0
+        self.counts = list(info.examples_in_steps(0, self.counted_step))
+
     def end_epoch(self, step: int) -> None:
         """Count up to ``step``, where the epoch ended and the next one starts."""
         self.count_to(step)
