@@ -10,8 +10,6 @@ the uninterrupted run, and the interrupted epoch's ids must each be trained once
 from __future__ import annotations
 
 import json
-import os
-import random
 import signal
 from pathlib import Path
 from typing import Any
@@ -45,6 +43,11 @@ out, directory = sys.argv[1], sys.argv[2]
 signal_at = json.loads(os.environ.get("JOB_SIGNAL_AT", "null"))  # [epoch, batch, signal name]
 every = json.loads(os.environ.get("JOB_EVERY", "null"))
 N, EPOCHS = 45, 3
+
+
+def local_counts():  # this worker's replicas' counts: read without a collective
+    return np.sum([v.numpy() for v in strategy.experimental_local_results(seen)], axis=0).tolist()
+
 strategy = tdu.auto_strategy(verbose=False)
 x = np.stack([np.arange(N), np.linspace(-1, 1, N), np.cos(np.arange(N))], 1).astype("float32")
 y = (x[:, 1:2] * 3 + 1).astype("float32")
@@ -88,7 +91,7 @@ class Record(keras.callbacks.Callback):
         seen.assign(tf.zeros([N]))
 
     def on_epoch_end(self, epoch, logs=None):
-        log["epochs"][str(epoch)] = seen.numpy().tolist()
+        log["epochs"][str(epoch)] = local_counts()
 
     def on_train_batch_end(self, batch, logs=None):
         log["batches"].append([self.epoch, batch])
@@ -96,14 +99,39 @@ class Record(keras.callbacks.Callback):
             os.kill(os.getpid(), getattr(signal, signal_at[2]))
 
 
+def custom_loop():  # the same training with tdu.make_distributed_train_step
+    def loss(y_true, y_pred):
+        return tf.reduce_mean(tf.square(y_true - y_pred), axis=-1)
+
+    train_step = tdu.make_distributed_train_step(
+        model=model, loss=loss, optimizer=model.optimizer, strategy=strategy
+    )
+    current = None
+    with checkpoint.loop(model, dist, epochs=EPOCHS) as batches:
+        for epoch, step, batch in batches:
+            if epoch != current:
+                if current is not None:
+                    log["epochs"][str(current)] = local_counts()
+                current = epoch
+                seen.assign(tf.zeros([N]))
+            train_step(batch)
+            log["batches"].append([epoch, step])
+            if signal_at and [epoch, step] == signal_at[:2]:
+                os.kill(os.getpid(), getattr(signal, signal_at[2]))
+    log["epochs"][str(current)] = local_counts()
+
+
 checkpoint = tdu.callbacks.PreemptionCheckpoint(directory, every_steps=every)
 logger = tdu.callbacks.ThroughputLogger(os.environ["JOB_TB"], log_every_n_steps=2)
 try:
-    model.fit(dist, epochs=EPOCHS, verbose=0, callbacks=[logger, Record(), checkpoint])
+    if os.environ.get("JOB_LOOP"):
+        custom_loop()
+    else:
+        model.fit(dist, epochs=EPOCHS, verbose=0, callbacks=[logger, Record(), checkpoint])
     log["weights"] = [w.tolist() for w in model.get_weights()]
 finally:
     log["iterations"] = int(model.optimizer.iterations.numpy())
-    log["partial"] = seen.numpy().tolist()
+    log["partial"] = local_counts()
     log["resumed_from"] = checkpoint.resumed_from
     with open(out, "w") as handle:
         json.dump(log, handle)
@@ -148,6 +176,15 @@ def _run(
     return results
 
 
+def _epoch_2_ids(stopped: list[dict[str, Any]], resumed: list[dict[str, Any]]) -> list[float]:
+    """How often each id of epoch 2 was trained, over both runs and every worker."""
+    # A resumed run that starts epoch 3 (stopped at epoch 2's end) trains none of epoch 2.
+    parts = [log["partial"] for log in stopped]
+    parts += [log["epochs"].get("1", [0.0] * 45) for log in resumed]
+    counts: list[float] = np.sum(parts, axis=0).tolist()
+    return counts
+
+
 def _max_diff(a: list[Any], b: list[Any]) -> float:
     return max(float(np.max(np.abs(np.array(x) - np.array(y)))) for x, y in zip(a, b, strict=True))
 
@@ -158,14 +195,20 @@ def test_the_exit_status_is_the_documented_one() -> None:
     assert tdu.callbacks.PreemptionCheckpoint.EXIT_STATUS == PREEMPTED
 
 
-@pytest.mark.parametrize("workers", [1, 2], ids=["1x2-replicas", "2-workers"])
+@pytest.mark.parametrize(
+    ("workers", "batch"),
+    [(1, 1), (1, 4), (2, 4)],
+    ids=["1x2-replicas", "1x2-replicas-last-step", "2-workers-next-epoch"],
+)
 def test_a_notice_to_one_worker_stops_all_at_one_step_and_the_rerun_resumes_exactly(
-    tmp_path: Path, workers: int
+    tmp_path: Path, workers: int, batch: int
 ) -> None:
     reference = _run(tmp_path, "reference", tmp_path / "reference", workers)
     for log in reference:
         assert log["status"] == 0, log["stderr"][-4000:]
-    batch = random.Random(os.getpid()).randrange(0, 5)  # any step of epoch 2 but its last
+    # Told after step `batch` of epoch 2: one process saves there (4: the resumed epoch starts
+    # with its partial last step, cut 2 + 3 over the replicas); 2 workers after the next step
+    # (4: at the end of the epoch, so that the resumed run starts epoch 3).
     # The notice reaches the last worker only (one VM reclaimed).
     told = {"JOB_SIGNAL_AT": json.dumps([1, batch, "SIGTERM"])}
     stopped = _run(tmp_path, "stopped", tmp_path / "job", workers, told)
@@ -186,10 +229,11 @@ def test_a_notice_to_one_worker_stops_all_at_one_step_and_the_rerun_resumes_exac
         )
         assert _max_diff(log["weights"], ref["weights"]) <= 1e-6
         assert log["iterations"] == ref["iterations"] == 18
-        # Epoch 2's ids over the two runs: each exactly once (summed over every replica).
-        epoch_2 = np.array(before["partial"]) + np.array(log["epochs"]["1"])
-        assert epoch_2.tolist() == [1.0] * 45
-        assert log["batches"][0] == [1, before["batches"][-1][1] + 1]  # Keras' step numbers go on
+        epoch, batch = before["batches"][-1]
+        following = [epoch, batch + 1] if batch + 1 < 6 else [epoch + 1, 0]
+        assert log["batches"][0] == following  # Keras' step numbers go on
+    # Epoch 2's ids over the two runs, counted on every replica of every worker: each once.
+    assert _epoch_2_ids(stopped, resumed) == [1.0] * 45
     # TensorBoard, read back over both runs: the step axis goes on without a repeated or a
     # missing stretch, and the last count is every example of the 3 epochs.
     examples = read_runs(str(tmp_path / "tb-job"))["global"].series[tags.EXAMPLES]
@@ -220,3 +264,27 @@ def test_a_killed_job_resumes_exactly_from_its_last_periodic_checkpoint(tmp_path
     assert log["resumed_from"].endswith("ckpt-000000000008")
     assert log["batches"][0] == [1, 2]  # step 8 = epoch 2, 2 steps done
     assert _max_diff(log["weights"], reference[0]["weights"]) <= 1e-6
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["1x2-replicas", "2-workers"])
+def test_a_custom_loop_stops_and_resumes_exactly_too(tmp_path: Path, workers: int) -> None:
+    reference = _run(tmp_path, "reference", tmp_path / "reference", workers, JOB_LOOP="1")
+    for log in reference:
+        assert log["status"] == 0, log["stderr"][-4000:]
+    for epoch in "012":  # each id once an epoch, over every worker
+        assert np.sum([log["epochs"][epoch] for log in reference], axis=0).tolist() == [1.0] * 45
+    told = {"JOB_SIGNAL_AT": json.dumps([1, 2, "SIGTERM"])}
+    stopped = _run(tmp_path, "stopped", tmp_path / "job", workers, told, JOB_LOOP="1")
+    # One process stops after the step it was told at; several after the step that follows,
+    # all of them, where they agreed.
+    last = 2 if workers == 1 else 3
+    for log in stopped:
+        assert log["status"] == PREEMPTED, log["stderr"][-4000:]
+        assert log["batches"][-1] == [1, last]
+    resumed = _run(tmp_path, "resumed", tmp_path / "job", workers, JOB_LOOP="1")
+    for log, ref in zip(resumed, reference, strict=True):
+        assert log["status"] == 0, log["stderr"][-4000:]
+        assert log["batches"][0] == [1, last + 1]
+        assert _max_diff(log["weights"], ref["weights"]) <= 1e-6
+        assert log["iterations"] == ref["iterations"] == 18
+    assert _epoch_2_ids(stopped, resumed) == [1.0] * 45

@@ -399,6 +399,7 @@ def test_clear_temporary_removes_leftovers_of_cut_short_saves_only(tmp_path: Pat
         (tmp_path / name).mkdir()
         write_variables()(str(tmp_path / name / "variables"))
     (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / ".probe-abc").write_text("x")  # another worker's probe, maybe in use
     store.clear_temporary(str(tmp_path))
-    assert listing(tmp_path) == ["ckpt-000000000005", "notes.txt"]
+    assert listing(tmp_path) == [".probe-abc", "ckpt-000000000005", "notes.txt"]
     assert listing(tmp_path / "ckpt-000000000005") == sorted(["state.json", INDEX, DATA])

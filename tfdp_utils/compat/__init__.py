@@ -336,6 +336,19 @@ def apply_for_datasets() -> bool:
     return changes.teach_tf_keras(applied_by="tdu.compat.apply_for_datasets()")
 
 
+def apply_for_resume() -> tuple[str, ...]:
+    """Apply what a ``fit`` that starts mid-epoch needs (``PreemptionCheckpoint``).
+
+    Its first step can be an epoch's partial last step, cut unevenly over the replicas, which
+    Keras 3's symbolic build cannot average (``AddN`` of unequal shapes): the keras#20585
+    workaround builds from the first replica's batch there.
+
+    Returns:
+        The issues worked around in this process so far.
+    """
+    return _apply(_select([keras_20585.ISSUE]), "PreemptionCheckpoint (a resume mid-epoch)")
+
+
 def applied() -> tuple[str, ...]:
     """The upstream issues worked around (fixed or guarded) in this process, in order applied.
 

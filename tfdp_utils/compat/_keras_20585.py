@@ -90,23 +90,43 @@ def probe(trainer: ModuleType) -> bool:
     raise ValueError("Keras' _maybe_symbolic_build takes neither iterator item shape")
 
 
+def _replicas_differ(strategy: Any, batch: Any) -> bool:
+    """Whether the local replicas' parts of ``batch`` differ in shape (an uneven step)."""
+    for value in tf.nest.flatten(batch):
+        if isinstance(value, tf.distribute.DistributedValues):
+            shapes = {tuple(part.shape) for part in strategy.experimental_local_results(value)}
+            if len(shapes) > 1:
+                return True
+    return False
+
+
 def install(trainer: ModuleType) -> tuple[str, list[Patch]]:
-    """Replace ``TensorFlowTrainer._maybe_symbolic_build`` for multi-worker strategies only."""
+    """Replace ``TensorFlowTrainer._maybe_symbolic_build``: multi-worker strategies, and a first
+    batch cut unevenly over the replicas, build from the first local replica's batch; every
+    other build is Keras' own."""
     cls = trainer.TensorFlowTrainer
     original = cls._maybe_symbolic_build
 
     def _maybe_symbolic_build(self: Any, iterator: Any = None, data_batch: Any = None) -> Any:
         strategy = self._distribute_strategy
-        if strategy is None or iterator is None or not is_multi_worker(strategy):
+        if strategy is None or iterator is None:
             return original(self, iterator=iterator, data_batch=data_batch)
-        # keras#20585: build from the first local replica's batch (same shapes as the mean
-        # Keras computes) instead of reducing the whole (x, y, ...) nest across workers.
         for item in iterator:  # (begin, end, iterator) on Keras >= 3.11, (step, iterator) before
             batch = next(item[-1])
+            if not is_multi_worker(strategy) and not _replicas_differ(strategy, batch):
+                # Keras' own build, from the batch it would have taken.
+                peeked = (*item[:-1], iter([batch]))
+                return original(self, iterator=[peeked], data_batch=data_batch)
+            # keras#20585: build from the first local replica's batch (same shapes as the
+            # mean Keras computes) instead of reducing the whole (x, y, ...) nest across
+            # workers; the same where the replicas' batches differ in size (a partial step
+            # cut unevenly, e.g. the first step of a resumed epoch), which Keras' mean
+            # cannot add up.
             data_batch = tf.nest.map_structure(lambda v: first_local_value(strategy, v), batch)
             break
         with strategy.scope():
             self._symbolic_build(data_batch=data_batch)
+        return None
 
     return "fix", [
         replace_method(cls, "_maybe_symbolic_build", _maybe_symbolic_build, change=ISSUE)
@@ -116,8 +136,9 @@ def install(trainer: ModuleType) -> tuple[str, list[Patch]]:
 WORKAROUND = Workaround(
     issue=ISSUE,
     verified_on=("3.15.1",),
-    changes="keras TensorFlowTrainer._maybe_symbolic_build replaced (multi-worker strategies "
-    "build the model from the first local replica's batch)",
+    changes="keras TensorFlowTrainer._maybe_symbolic_build replaced (multi-worker strategies, "
+    "and first batches cut unevenly over the replicas, build the model from the first local "
+    "replica's batch)",
     probe=probe,
     install=install,
 )

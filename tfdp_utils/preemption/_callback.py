@@ -102,6 +102,7 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
         grace_seconds: float = DEFAULT_GRACE_SECONDS,
     ) -> None:
         super().__init__()
+        self._supports_tf_logs = True  # it reads no logs: tf_keras need not convert them
         if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
             raise TypeError(
                 f"directory must be a folder path, but received {directory!r}. Pass a folder "
@@ -139,18 +140,38 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
         self, model: Any, arguments: dict[str, Any]
     ) -> contextlib.AbstractContextManager[Any]:
         """Position ``fit``'s data and counters at the latest checkpoint (or the start)."""
-        self.notice = signals_.Notice()  # a notice ends one fit: the next starts afresh
-        self.saved_path = None
-        resumable = self._resumable(arguments.get("x"))
         given = arguments.get("steps_per_epoch")
-        if given is not None and given != resumable.steps_per_epoch:
+        run, dataset = self._position(arguments.get("x"), arguments.get("initial_epoch", 0))
+        if given is not None and given != run.steps_per_epoch:
             raise ValueError(
                 f"steps_per_epoch={given!r} differs from the dataset's epoch of "
-                f"{resumable.steps_per_epoch} steps; PreemptionCheckpoint resumes whole "
+                f"{run.steps_per_epoch} steps; PreemptionCheckpoint resumes whole "
                 "epochs of the builder dataset. Leave steps_per_epoch out."
             )
+        if run.done and not resume_position.install(applied_by=_CALLER):
+            raise ResumeMismatchError(
+                f"the checkpoint {self.resumed_from} is at step {run.done} of epoch "
+                f"{run.epoch + 1}, but TFDP_NO_KERAS_PATCHES=1 keeps tfdp-utils from starting "
+                "Keras' epoch there. Unset TFDP_NO_KERAS_PATCHES to resume mid-epoch."
+            )
+        if run.done:
+            from tfdp_utils import compat
+
+            compat.apply_for_resume()  # the first step may be a partial one, cut unevenly
+        arguments["x"] = dataset
+        arguments["steps_per_epoch"] = run.steps_per_epoch
+        arguments["initial_epoch"] = run.epoch
+        self._run = run
+        return self._fit_call(run.done)
+
+    def _position(self, x: Any, initial_epoch: Any) -> tuple[_Run, Any]:
+        """The run's position (the latest checkpoint's, or the start) and its dataset."""
+        self.notice = signals_.Notice()  # a notice ends one run: the next starts afresh
+        self.saved_path = None
+        resumable = self._resumable(x)
         directory = store.check_directory(self.directory)
-        store.clear_temporary(directory)
+        if position_of(resumable.strategy).is_chief:
+            store.clear_temporary(directory)  # the others' probes may be in use: chief only
         latest = store.latest(directory, _check_variables)
         facts = resumable.facts()
         if latest is not None:
@@ -158,21 +179,12 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
             epoch, step = int(latest.state["epoch"]), int(latest.state["step_in_epoch"])
             seed = latest.state.get("seed")
         else:
-            epoch, step = _initial_epoch(arguments.get("initial_epoch", 0)), 0
+            epoch, step = _initial_epoch(initial_epoch), 0
             seed = resumable.recipe.seed
             if seed is None and resumable.shuffles:
                 seed = random.randrange(2**31)  # kept in every checkpoint of this run
-        if step and not resume_position.install(applied_by=_CALLER):
-            raise ResumeMismatchError(
-                f"the checkpoint {latest.path if latest else ''} is at step {step} of epoch "
-                f"{epoch + 1}, but TFDP_NO_KERAS_PATCHES=1 keeps tfdp-utils from starting "
-                "Keras' epoch there. Unset TFDP_NO_KERAS_PATCHES to resume mid-epoch."
-            )
-        arguments["x"] = resumable.at(epoch, step, seed)
-        arguments["steps_per_epoch"] = resumable.steps_per_epoch
-        arguments["initial_epoch"] = epoch
         self.resumed_from = latest.path if latest is not None else None
-        self._run = _Run(
+        run = _Run(
             directory=directory,
             facts=facts,
             seed=seed,
@@ -181,6 +193,7 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
             done=step,
             restore=latest,
         )
+        run.strategy = resumable.strategy
         if latest is not None:
             logger.info(
                 "tfdp_utils: PreemptionCheckpoint resumes from %s: epoch %d, step %d of %d.",
@@ -189,7 +202,46 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
                 step,
                 resumable.steps_per_epoch,
             )
-        return self._fit_call(step)
+        return run, resumable.at(epoch, step, seed)
+
+    def loop(
+        self,
+        model: Any,
+        dataset: Any,
+        *,
+        epochs: int,
+        optimizer: Any = None,
+        initial_epoch: int = 0,
+    ) -> CustomLoop:
+        """The same for a custom training loop (``tdu.make_distributed_train_step``).
+
+        Use it as a context manager and iterate over it: it yields ``(epoch, step, batch)``
+        from the latest checkpoint's position on (or from the start), ``step`` counted within
+        the epoch. When the next batch is asked for, the step before is done: a notice then
+        saves and ends the loop (the process exits with status 75; with ``exit=False`` the
+        ``with`` block ends), and periodic saves happen there.
+
+        Args:
+            model: the model the loop trains (its weights are saved).
+            dataset: a dataset from ``tdu.build_distributed_dataset()``.
+            epochs: the epochs of the whole job.
+            optimizer: the optimizer the step applies. Defaults to ``model.optimizer``.
+            initial_epoch: where a job without a checkpoint starts. Defaults to `0`.
+
+        Examples:
+            >>> with checkpoints.loop(model, dist, epochs=3, optimizer=opt) as batches:
+            ...     for epoch, step, batch in batches:  # doctest: +SKIP
+            ...         train_step(batch)
+        """
+        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+            raise ValueError(f"epochs must be a whole number >= 1, but received {epochs!r}.")
+        optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
+        if optimizer is None:
+            raise ValueError(
+                "PreemptionCheckpoint.loop needs the optimizer the step applies (its state is "
+                "saved): pass optimizer=..., or compile the model with it."
+            )
+        return CustomLoop(self, model, optimizer, dataset, epochs, initial_epoch)
 
     @contextlib.contextmanager
     def _fit_call(self, step: int) -> Iterator[None]:
@@ -232,13 +284,17 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
                 "Pass the callback in model.fit(callbacks=[...]) (not in a CallbackList made "
                 "by hand), and create it before model.fit is looked up."
             )
-        model = self.model
-        run.checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
+        self._begin(run, self.model, self.model.optimizer)
+
+    def _begin(self, run: _Run, model: Any, optimizer: Any) -> None:
+        """Read the checkpoint back; start the grace monitor and the workers' channel."""
+        run.model, run.optimizer = model, optimizer
+        run.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
         if run.restore is not None:
-            _check_model(run.restore, model)
+            _check_model(run.restore, model, optimizer)
             run.checkpoint.read(run.restore.variables).expect_partial()
         run.monitor = _GraceMonitor(self.notice, self.grace_seconds)
-        position = position_of(getattr(model, "distribute_strategy", None))
+        position = position_of(run.strategy)
         run.worker, run.num_workers = position.index, position.num_workers
         if run.num_workers > 1:
             run.channel = agreement.CoordinationChannel(
@@ -259,9 +315,12 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
 
     def on_train_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
         run = self._run
-        if run is None:
-            return
-        run.done = int(batch) + 1
+        if run is not None:
+            self._after_step(run, int(batch) + 1)
+
+    def _after_step(self, run: _Run, done: int) -> None:
+        """After the step that made ``done`` steps of the epoch: save or stop where due."""
+        run.done = done
         if run.done >= run.steps_per_epoch:
             run.epoch, run.done = run.epoch + 1, 0
         if run.channel is None:
@@ -300,14 +359,14 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
     # -- saving -----------------------------------------------------------------------------
 
     def _save(self, run: _Run, *, reason: str) -> None:
-        model = self.model
+        model, optimizer = run.model, run.optimizer
         state = {
             "epoch": run.epoch,
             "step_in_epoch": run.done,
             "steps_per_epoch": run.steps_per_epoch,
             "seed": run.seed,
             "dataset": run.facts,
-            "optimizer": type(model.optimizer).__name__,
+            "optimizer": type(optimizer).__name__,
             "variables": _model_variables(model),
             "keras": _tf.KERAS_VERSION if _tf.IS_KERAS3 else "tf_keras",
             "reason": reason,
@@ -360,12 +419,83 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
             time.monotonic() - received,
             f"Exiting with status {signals_.PREEMPTED_EXIT_STATUS}: run the same command to resume."
             if self.exit
-            else "fit returns.",
+            else "Training ends here (exit=False).",
         )
         raise fit_binding.StopFit(
             "stopped by a preemption notice",
             exit_status=signals_.PREEMPTED_EXIT_STATUS if self.exit else None,
         )
+
+
+class CustomLoop:
+    """A custom training loop's batches, positioned and saved by a ``PreemptionCheckpoint``.
+
+    Made by :meth:`PreemptionCheckpoint.loop`; see there.
+
+    Attributes:
+        epoch: the epoch of the last batch yielded (0-based).
+        step: its step within the epoch (0-based).
+    """
+
+    def __init__(
+        self,
+        owner: PreemptionCheckpoint,
+        model: Any,
+        optimizer: Any,
+        dataset: Any,
+        epochs: int,
+        initial_epoch: int,
+    ) -> None:
+        self._owner, self._model, self._optimizer = owner, model, optimizer
+        self._dataset, self._epochs, self._initial = dataset, epochs, initial_epoch
+        self._run: _Run | None = None
+        self._stream: Any = None
+        self._handlers: signals_.SignalHandlers | None = None
+        self.epoch, self.step = 0, -1
+
+    def __enter__(self) -> CustomLoop:
+        owner = self._owner
+        run, self._stream = owner._position(self._dataset, self._initial)
+        self._handlers = signals_.SignalHandlers(owner.signals, owner.notice)
+        try:
+            owner._begin(run, self._model, self._optimizer)
+        except BaseException:
+            self._handlers.restore()
+            raise
+        self._run = run
+        return self
+
+    def __iter__(self) -> Iterator[tuple[int, int, Any]]:
+        run, owner = self._run, self._owner
+        if run is None:
+            raise RuntimeError("iterate over the loop inside its with block")
+        if run.channel is None and owner.notice.received:
+            owner._stop(run, save=False)
+        iterator = iter(self._stream)
+        started = False
+        while True:
+            if started:
+                owner._after_step(run, run.done + 1)
+            if run.epoch >= self._epochs:
+                return
+            started = True
+            self.epoch, self.step = run.epoch, run.done
+            yield run.epoch, run.done, next(iterator)
+
+    def __exit__(self, error_type: Any, error: Any, traceback: Any) -> bool:
+        if self._handlers is not None:
+            self._handlers.restore()
+        if self._run is not None:
+            self._run.close()
+        if isinstance(error, fit_binding.StopFit):
+            from tfdp_utils import _exit_guard as exit_guard
+
+            exit_guard.clear_frames(error)
+            if error.exit_status is None:
+                return True  # exit=False: the with block ends
+            exit_guard.exit_within(error.exit_status)
+            raise SystemExit(error.exit_status) from None
+        return False
 
 
 class _Run:
@@ -390,6 +520,9 @@ class _Run:
         self.done = done
         self.restore = restore
         self.checkpoint: Any = None
+        self.model: Any = None
+        self.optimizer: Any = None
+        self.strategy: Any = None
         self.monitor: _GraceMonitor | None = None
         self.serial = next(_fits)
         self.worker, self.num_workers = 0, 1
@@ -491,13 +624,13 @@ def _check_facts(saved: store.Saved, facts: Mapping[str, Any]) -> None:
             )
 
 
-def _check_model(saved: store.Saved, model: Any) -> None:
+def _check_model(saved: store.Saved, model: Any, optimizer: Any) -> None:
     before = saved.state.get("optimizer")
-    now = type(model.optimizer).__name__
+    now = type(optimizer).__name__
     if before is not None and before != now:
         raise ResumeMismatchError(
-            f"the checkpoint {saved.path} holds the state of a {before} optimizer, but the "
-            f"model is compiled with {now}. Compile with {before} to resume, or start afresh "
+            f"the checkpoint {saved.path} holds the state of a {before} optimizer, but this "
+            f"run's optimizer is {now}. Train with {before} to resume, or start afresh "
             "with another directory=."
         )
     shapes = saved.state.get("variables")

@@ -11,7 +11,6 @@ never the one restored.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
@@ -28,6 +27,7 @@ STATE_FILE = "state.json"
 VARIABLES = "variables"
 _PREFIX = "ckpt-"
 _TEMPORARY = ".tmp-"
+_PROBE = ".probe-"  # a writability probe: every worker makes its own, at the same time
 
 
 def folder_name(step: int) -> str:
@@ -94,9 +94,7 @@ def check_directory(directory: Any) -> str:
         )
     try:
         os.makedirs(path, exist_ok=True)
-        with tempfile.NamedTemporaryFile(
-            dir=path, prefix=_TEMPORARY + "probe-", delete=True
-        ) as probe:
+        with tempfile.NamedTemporaryFile(dir=path, prefix=_PROBE, delete=True) as probe:
             probe.write(b"x")
             probe.flush()
     except PermissionError:
@@ -237,13 +235,11 @@ def prune(directory: str, keep: int) -> list[str]:
 
 
 def clear_temporary(directory: str) -> None:
-    """Delete what a save or a directory check cut short left behind (before training)."""
+    """Delete the folders of saves cut short (the chief, before training; no save runs then).
+
+    Writability probes (another worker's may be in use right now) are left alone.
+    """
     for name in os.listdir(directory):
-        if not name.startswith(_TEMPORARY):
-            continue
         path = os.path.join(directory, name)
-        if os.path.isdir(path) and not os.path.islink(path):
+        if name.startswith(_TEMPORARY) and os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path, ignore_errors=True)
-        else:
-            with contextlib.suppress(OSError):
-                os.remove(path)
