@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -190,3 +191,55 @@ def test_a_dataset_it_cannot_position_is_refused_with_what_to_do(tmp_path: Path)
             verbose=0,
             callbacks=[_checkpoint(tmp_path)],
         )
+
+
+def test_a_checkpoint_of_another_replica_count_is_refused(tmp_path: Path) -> None:
+    _stopped_job(tmp_path)  # 2 replicas
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    model = _model(strategy)
+    with pytest.raises(tdu.ResumeMismatchError, match="replicas 2") as raised:
+        model.fit(_data(strategy), epochs=3, verbose=0, callbacks=[_checkpoint(tmp_path)])
+    assert "this run has 1" in str(raised.value)
+    assert _iterations(model) == 0
+
+
+def test_a_notice_during_the_save_changes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tfdp_utils.preemption import _store
+
+    real_save = _store.save
+
+    def save_while_told_again(*args: Any, **kwargs: Any) -> Any:
+        os.kill(os.getpid(), signal.SIGTERM)  # the scheduler repeats itself mid-write
+        return real_save(*args, **kwargs)
+
+    monkeypatch.setattr(_store, "save", save_while_told_again)
+    checkpoint = _stopped_job(tmp_path, at=7)
+    assert checkpoint.notice.count == 2
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt-000000000007"]
+    strategy = _strategy()
+    model = _model(strategy)
+    resumed = _checkpoint(tmp_path)
+    model.fit(_data(strategy), epochs=3, verbose=0, callbacks=[resumed])
+    assert resumed.resumed_from == str(tmp_path / "ckpt-000000000007")
+    assert _iterations(model) == 15
+
+
+def test_a_save_still_running_at_the_grace_period_s_end_is_said(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    class SlowStep(keras.callbacks.Callback):  # type: ignore[misc]
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            if batch == 2:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(1.5)  # the step outlasts the grace period
+
+    strategy = _strategy()
+    checkpoint = _checkpoint(tmp_path, grace_seconds=0.5)
+    with caplog.at_level(logging.WARNING, logger="tfdp_utils"):
+        _model(strategy).fit(
+            _data(strategy), epochs=1, verbose=0, callbacks=[SlowStep(), checkpoint]
+        )
+    assert "has not finished" in caplog.text
+    assert "SIGKILL will cut it short" in caplog.text

@@ -242,6 +242,8 @@ def _wrap(method: str, original: Callable[..., Any]) -> Callable[..., Any]:
             try:
                 return original(*bound.args, **bound.kwargs)
             except StopFit as stop:
+                if method != "fit":
+                    raise  # fit's own validation: the fit that runs it ends
                 return _stopped(model, stop, arguments.get("callbacks"))
             finally:
                 for consumer in consumers:

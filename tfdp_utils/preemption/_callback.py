@@ -36,6 +36,7 @@ from tfdp_utils.errors import ResumeMismatchError
 from tfdp_utils.preemption import _agreement as agreement
 from tfdp_utils.preemption import _signals as signals_
 from tfdp_utils.preemption import _store as store
+from tfdp_utils.training import _accumulation as accumulation
 
 logger = logging.getLogger("tfdp_utils")
 
@@ -162,7 +163,16 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
         arguments["steps_per_epoch"] = run.steps_per_epoch
         arguments["initial_epoch"] = run.epoch
         self._run = run
-        return self._fit_call(run.done)
+        # One process without periodic saves needs nothing per step: a notice sets Keras'
+        # stop_training (as EarlyStopping does), the epoch's loop ends after the step that
+        # runs, and the position is read from the optimizer's step count. Otherwise a batch
+        # hook acts at a step boundary (on Keras 3 it costs a host sync per step).
+        run.per_step = run.num_workers > 1 or self.every_steps is not None
+        if run.per_step:
+            self.on_train_batch_end = self._on_train_batch_end
+        else:
+            self.__dict__.pop("on_train_batch_end", None)
+        return self._fit_call(run.done, model if not run.per_step else None)
 
     def _position(self, x: Any, initial_epoch: Any) -> tuple[_Run, Any]:
         """The run's position (the latest checkpoint's, or the start) and its dataset."""
@@ -194,6 +204,8 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
             restore=latest,
         )
         run.strategy = resumable.strategy
+        position = position_of(resumable.strategy)
+        run.worker, run.num_workers = position.index, position.num_workers
         if latest is not None:
             logger.info(
                 "tfdp_utils: PreemptionCheckpoint resumes from %s: epoch %d, step %d of %d.",
@@ -244,8 +256,13 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
         return CustomLoop(self, model, optimizer, dataset, epochs, initial_epoch)
 
     @contextlib.contextmanager
-    def _fit_call(self, step: int) -> Iterator[None]:
-        handlers = signals_.SignalHandlers(self.signals, self.notice)
+    def _fit_call(self, step: int, stop_model: Any) -> Iterator[None]:
+        def stop_training() -> None:
+            stop_model.stop_training = True
+
+        handlers = signals_.SignalHandlers(
+            self.signals, self.notice, stop_training if stop_model is not None else None
+        )
         try:
             with resume_position.first_epoch_starts_at(step):
                 yield
@@ -285,6 +302,8 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
                 "by hand), and create it before model.fit is looked up."
             )
         self._begin(run, self.model, self.model.optimizer)
+        run.counted_from = (accumulation.batches_trained(self.model), run.global_step)
+        run.training = True
 
     def _begin(self, run: _Run, model: Any, optimizer: Any) -> None:
         """Read the checkpoint back; start the grace monitor and the workers' channel."""
@@ -294,8 +313,6 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
             _check_model(run.restore, model, optimizer)
             run.checkpoint.read(run.restore.variables).expect_partial()
         run.monitor = _GraceMonitor(self.notice, self.grace_seconds)
-        position = position_of(run.strategy)
-        run.worker, run.num_workers = position.index, position.num_workers
         if run.num_workers > 1:
             run.channel = agreement.CoordinationChannel(
                 _CoordinationStore(),
@@ -313,10 +330,28 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
         if run is not None and epoch != run.epoch:
             run.epoch, run.done = epoch, 0
 
-    def on_train_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
+    def _on_train_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
+        # Installed as on_train_batch_end only where a fit needs it (see prepare_fit).
         run = self._run
         if run is not None:
             self._after_step(run, int(batch) + 1)
+
+    def on_test_begin(self, logs: Mapping[str, Any] | None = None) -> None:
+        self._stop_after_loop()  # a notice during the epoch: save before validation runs
+
+    def on_epoch_end(self, epoch: int, logs: Mapping[str, Any] | None = None) -> None:
+        self._stop_after_loop()
+
+    def _stop_after_loop(self) -> None:
+        """One process, no batch hook: after a notice ended the epoch's loop, save the
+        position the optimizer's step count gives, and stop."""
+        run = self._run
+        if run is None or run.per_step or not self.notice.received or not run.training:
+            return
+        trained, start = run.counted_from
+        steps = accumulation.batches_trained(run.model) - trained + start
+        run.epoch, run.done = divmod(steps, run.steps_per_epoch)
+        self._stop(run, save=True)
 
     def _after_step(self, run: _Run, done: int) -> None:
         """After the step that made ``done`` steps of the epoch: save or stop where due."""
@@ -523,6 +558,9 @@ class _Run:
         self.model: Any = None
         self.optimizer: Any = None
         self.strategy: Any = None
+        self.per_step = True  # whether a batch hook acts at each step boundary
+        self.training = False  # between this fit's on_train_begin and on_train_end
+        self.counted_from = (0, 0)  # (the model's batches trained, the job's step) at begin
         self.monitor: _GraceMonitor | None = None
         self.serial = next(_fits)
         self.worker, self.num_workers = 0, 1
@@ -532,6 +570,7 @@ class _Run:
 
     def close(self) -> None:
         """Stop the grace monitor and the watcher thread."""
+        self.training = False
         if self.monitor is not None:
             self.monitor.stop()
         if self.channel is not None:

@@ -120,8 +120,14 @@ class SignalHandlers:
     and :attr:`installed` is False.
     """
 
-    def __init__(self, signals: Sequence[signal.Signals], notice: Notice) -> None:
+    def __init__(
+        self,
+        signals: Sequence[signal.Signals],
+        notice: Notice,
+        also: Callable[[], Any] | None = None,
+    ) -> None:
         self.notice = notice
+        self.also = also  # called after each note, on the main thread (it must be as small)
         self.previous: dict[signal.Signals, Handler] = {}
         if threading.current_thread() is not threading.main_thread():
             return
@@ -130,6 +136,8 @@ class SignalHandlers:
 
     def _handle(self, number: int, frame: Any) -> None:
         self.notice.note(number)
+        if self.also is not None:
+            self.also()
 
     @property
     def installed(self) -> bool:
