@@ -34,6 +34,7 @@ PLANNED = (
     "tf2.18-keraslatest",
     "tf2.19-keras3.10.0",
     "tf2.19-keraslatest",
+    "tf2.20-keras3.10.0",
     "tf2.20-keras3.11.2",
     "tf2.20-keraslatest",
     "tf2.21-kerasmain",
