@@ -7,7 +7,8 @@ the tf.data service), and crashes it one way:
 
 ``error``     the model raises at its 3rd call (a graph assertion) inside ``fit``, ``evaluate``
               or ``predict`` (rotating), or a plain loop over the dataset raises at batch 3;
-``sigint``    Ctrl-C: SIGINT to every worker once 3 steps have run;
+``sigint``    Ctrl-C: SIGINT to every worker once 3 steps have run (each worker sets Python's own
+              SIGINT handler first: a runner started in the background may pass SIGINT on ignored);
 ``sigterm``   SIGTERM to every worker once 3 steps have run (no preemption callback);
 ``watchdog``  2 workers: worker 1 stops inside a callback, worker 0's collective watchdog
               (``collective_timeout=5``) aborts its step.
@@ -41,7 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 WORKER = r"""
-import json, os, sys, time
+import json, os, signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal (see the docstring)
 
 def report_error(error_type, error, tb):  # the job's own hook: when the error reaches the top
     print(f"ERROR-AT {time.monotonic():.6f}", flush=True)

@@ -18,7 +18,10 @@ import pytest
 from support.processes import run_python, start_python
 
 JOB = r"""
-import os, sys, time
+import os, signal, sys, time
+# As a program started from a terminal: a test runner started in the background may pass
+# SIGINT on ignored (bash's asynchronous commands ignore it), and Python keeps it ignored.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
 import tensorflow as tf

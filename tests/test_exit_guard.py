@@ -160,6 +160,10 @@ SWALLOWED = """
 import os, signal, sys, time
 from tfdp_utils import _exit_guard as guard
 
+# As a program started from a terminal: a runner started in the background may pass SIGINT on
+# ignored (bash's asynchronous commands ignore it), and Python then keeps it ignored.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
 guard.note_interrupts()
 if sys.argv[1] == "wrapped":
     sys.unraisablehook = guard.make_unraisablehook(sys.unraisablehook)

@@ -48,7 +48,8 @@ N, EPOCHS = 45, 3
 def local_counts():  # this worker's replicas' counts: read without a collective
     return np.sum([v.numpy() for v in strategy.experimental_local_results(seen)], axis=0).tolist()
 
-strategy = tdu.auto_strategy(verbose=False)
+# A worker killed without notice: its peer's collective ends within the bound, not never.
+strategy = tdu.auto_strategy(verbose=False, collective_timeout=30)
 x = np.stack([np.arange(N), np.linspace(-1, 1, N), np.cos(np.arange(N))], 1).astype("float32")
 y = (x[:, 1:2] * 3 + 1).astype("float32")
 dist = tdu.build_distributed_dataset(
@@ -80,7 +81,9 @@ with strategy.scope():
             keras.layers.Dense(1),
         ]
     )
-    model.compile(keras.optimizers.Adam(0.01), "mse")
+    # A learning-rate schedule: a resume that restarted it would end on other weights.
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.01, decay_steps=4, decay_rate=0.8)
+    model.compile(keras.optimizers.Adam(schedule), "mse")
 
 log = {"epochs": {}, "batches": []}
 
@@ -288,3 +291,28 @@ def test_a_custom_loop_stops_and_resumes_exactly_too(tmp_path: Path, workers: in
         assert _max_diff(log["weights"], ref["weights"]) <= 1e-6
         assert log["iterations"] == ref["iterations"] == 18
     assert _epoch_2_ids(stopped, resumed) == [1.0] * 45
+
+
+def test_one_worker_killed_without_notice_resumes_exactly_from_the_last_periodic_save(
+    tmp_path: Path,
+) -> None:
+    reference = _run(tmp_path, "reference", tmp_path / "reference", 2)
+    killed = _run(
+        tmp_path,
+        "killed",
+        tmp_path / "job",
+        2,
+        {"JOB_SIGNAL_AT": json.dumps([1, 3, "SIGKILL"])},  # worker 1 dies after step 10
+        JOB_EVERY="4",
+    )
+    assert killed[1]["status"] == -signal.SIGKILL
+    assert killed[0]["status"] not in (0, PREEMPTED)  # its peer failed: nothing was saved
+    names = sorted(p.name for p in (tmp_path / "job").iterdir())
+    assert names == ["ckpt-000000000004", "ckpt-000000000008"]
+    resumed = _run(tmp_path, "resumed", tmp_path / "job", 2, JOB_EVERY="4")
+    for log, ref in zip(resumed, reference, strict=True):
+        assert log["status"] == 0, log["stderr"][-4000:]
+        assert log["resumed_from"].endswith("ckpt-000000000008")
+        assert log["batches"][0] == [1, 2]
+        assert _max_diff(log["weights"], ref["weights"]) <= 1e-6
+        assert log["iterations"] == 18
