@@ -4,8 +4,7 @@ Each worker's :class:`CoordinationChannel` runs here on its own watcher thread o
 :class:`MemoryStore` (the coordination service's key-value store: ``set`` refuses a key that
 exists, ``get`` waits up to its timeout). A request for "after call ``k + 1``" made at the end
 of call ``k`` reaches every worker before ``propose`` returns; two requests at once agree on
-one; a missing worker costs a WARNING and a bounded wait, never a hang. :class:`LocalChannel`
-(one worker) applies a request to the call that just ended.
+one; a missing worker costs a WARNING and a bounded wait, never a hang.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ import pytest
 
 from tfdp_utils.preemption._agreement import (
     CoordinationChannel,
-    LocalChannel,
     Request,
     barrier,
 )
@@ -185,28 +183,6 @@ def test_a_request_is_encoded_as_a_json_object_of_its_four_fields() -> None:
     }
     same = '{"reason": "every_seconds=600", "worker": 0, "call": 7, "action": "save"}'
     assert Request.decode(same) == Request("save", 7, 0, "every_seconds=600")
-
-
-# -- one worker ------------------------------------------------------------------------------
-
-
-def test_one_worker_takes_a_request_for_the_call_that_just_ended() -> None:
-    channel = LocalChannel()
-    assert channel.received() == []
-    request = channel.propose("stop", after_call=7, reason="SIGTERM")
-    assert request == Request("stop", 7, 0, "SIGTERM")
-    assert channel.received() == [request]
-    later = channel.propose("save", after_call=9, reason="every_steps")
-    assert later == Request("save", 9, 0, "every_steps")
-    assert channel.received() == [request, later]
-    channel.close()
-
-
-def test_what_one_worker_received_cannot_be_changed_through_the_list_it_returns() -> None:
-    channel = LocalChannel()
-    channel.propose("stop", after_call=1, reason="SIGTERM")
-    channel.received().clear()
-    assert len(channel.received()) == 1
 
 
 # -- several workers -------------------------------------------------------------------------

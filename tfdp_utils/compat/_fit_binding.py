@@ -272,18 +272,27 @@ def _finish_loggers(callbacks: Any) -> None:
 
 def _stopped(model: Any, stop: StopFit, callbacks: Any) -> Any:
     """End a ``fit`` a callback stopped: exit the process, or return the ``History``."""
+    _finish_loggers(callbacks)
+    end_stopped(stop)
+    return getattr(model, "history", None)
+
+
+def end_stopped(stop: StopFit) -> None:
+    """Release what a stopped training loop holds; exit the process when ``stop`` says so.
+
+    The traceback holds the loop's frames, and with them the dataset iterator: they are let
+    go now, not at interpreter shutdown (see :mod:`tfdp_utils._exit_guard`).
+
+    Raises:
+        SystemExit: with ``stop.exit_status``, when it is set.
+    """
     from tfdp_utils import _exit_guard as exit_guard
 
-    _finish_loggers(callbacks)
-
-    # The traceback holds fit's frames, and with them the dataset iterator: let them go now,
-    # not at interpreter shutdown (see tfdp_utils._exit_guard).
     exit_guard.clear_frames(stop)
     stop.__traceback__ = None
-    if stop.exit_status is None:
-        return getattr(model, "history", None)
-    exit_guard.exit_within(stop.exit_status)
-    raise SystemExit(stop.exit_status) from None
+    if stop.exit_status is not None:
+        exit_guard.exit_within(stop.exit_status)
+        raise SystemExit(stop.exit_status) from None
 
 
 def _model_class() -> Any:

@@ -82,11 +82,22 @@ def worker_seed(seed: int | None, index: int) -> int | None:
 # ------------------------------------------------------------------------------- stages
 
 
-def _read_files(recipe: Recipe, index: int) -> Any:
+def read_files(recipe: Recipe, index: int, *, seed: Any = None, in_order: bool = False) -> Any:
+    """Worker ``index``'s files, read in parallel, their order shuffled where allowed.
+
+    Args:
+        seed: the file shuffle's seed; None: the worker's own (:func:`worker_seed`).
+        in_order: the same file order and element order in every pass (no reshuffle per
+            iteration, a deterministic interleave), as a resumed epoch needs.
+    """
     files = recipe.plan.files_per_worker[index]
     file_ds = tf.data.Dataset.from_tensor_slices(tf.constant(list(files) or [""])).take(len(files))
     if recipe.shuffle_buffer_size is not None and not recipe.keeps_order and len(files) > 1:
-        file_ds = file_ds.shuffle(len(files), seed=worker_seed(recipe.seed, index))
+        file_ds = file_ds.shuffle(
+            len(files),
+            seed=worker_seed(recipe.seed, index) if seed is None else seed,
+            reshuffle_each_iteration=not in_order,
+        )
     # Reads wait on storage latency (cloud storage, network file systems), not on a core:
     # one read in flight per file (up to the cap), where AUTOTUNE would stop at the core
     # count. The private thread pool is raised to match (see reader_threads).
@@ -95,7 +106,7 @@ def _read_files(recipe: Recipe, index: int) -> Any:
         recipe.reader,
         cycle_length=reads,
         num_parallel_calls=reads,
-        deterministic=recipe.keeps_order,
+        deterministic=recipe.keeps_order or in_order,
     )
 
 
@@ -115,7 +126,7 @@ def reader_threads(plan: ShardingPlan, cores: int | None = None) -> int | None:
     return reads + cores if reads > cores else None
 
 
-def _call_source(source: Callable[[Any], Any], context: Any) -> Any:
+def call_source(source: Callable[[Any], Any], context: Any) -> Any:
     dataset = source(context)
     if not is_dataset(dataset):
         raise TypeError(
@@ -129,13 +140,13 @@ def _call_source(source: Callable[[Any], Any], context: Any) -> Any:
 def read(recipe: Recipe, source: Any, context: Any) -> Any:
     """This worker's unbatched examples: its files, the function's dataset, or the source."""
     if recipe.plan.source_kind == "files":
-        return _read_files(recipe, int(context.input_pipeline_id))
+        return read_files(recipe, int(context.input_pipeline_id))
     if recipe.plan.source_kind == "function":
-        return _call_source(source, context)
+        return call_source(source, context)
     return source
 
 
-def cache_and_shuffle(recipe: Recipe, dataset: Any, workers: int, index: int) -> Any:
+def map_and_cache(recipe: Recipe, dataset: Any, workers: int, index: int) -> Any:
     """Map first when caching (so later epochs reshuffle the cached, mapped examples)."""
     if recipe.maps_before_cache:
         dataset = dataset.map(
@@ -146,6 +157,12 @@ def cache_and_shuffle(recipe: Recipe, dataset: Any, workers: int, index: int) ->
         if name and workers > 1:
             name = f"{name}.worker-{index}-of-{workers}"
         dataset = dataset.cache(name)
+    return dataset
+
+
+def cache_and_shuffle(recipe: Recipe, dataset: Any, workers: int, index: int) -> Any:
+    """:func:`map_and_cache`, then shuffle (a fresh order each epoch)."""
+    dataset = map_and_cache(recipe, dataset, workers, index)
     if recipe.shuffle_buffer_size is not None:
         seed = recipe.seed if recipe.keeps_order else worker_seed(recipe.seed, index)
         dataset = dataset.shuffle(

@@ -31,13 +31,14 @@ from tfdp_utils.data._epochs import EpochPlan, StepShape, dataset_info_for
 from tfdp_utils.data._info import DatasetInfo, StreamPosition
 from tfdp_utils.data._pipeline import (
     Recipe,
-    _call_source,
     batch,
+    call_source,
+    map_and_cache,
+    read_files,
     split_steps,
     with_options,
     worker_seed,
 )
-from tfdp_utils.data._sharding import parallel_reads
 
 _EPOCH_STRIDE = 104_729  # a prime: epoch e's seed is the worker's seed + stride * e
 _ENDLESS = 2**62  # epochs in the stream: never reached
@@ -152,21 +153,12 @@ def _epoch_seed(recipe: Recipe, index: int, epoch: Any) -> Any:
     return tf.constant(base or 0, tf.int64) + tf.cast(epoch, tf.int64) * _EPOCH_STRIDE
 
 
-def _read_files_in_order(recipe: Recipe, index: int, seed: Any) -> Any:
-    files = recipe.plan.files_per_worker[index]
-    file_ds = tf.data.Dataset.from_tensor_slices(tf.constant(list(files) or [""])).take(len(files))
-    if recipe.shuffle_buffer_size is not None and not recipe.keeps_order and len(files) > 1:
-        file_ds = file_ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=False)
-    reads = parallel_reads(len(files))
-    return file_ds.interleave(
-        recipe.reader, cycle_length=reads, num_parallel_calls=reads, deterministic=True
-    )
-
-
 def _one_epoch(recipe: Recipe, read_once: Any, index: int, workers: int, epoch: Any) -> Any:
     """Epoch ``epoch`` of worker ``index``: shuffled with the epoch's seed, batched, padded."""
     seed = _epoch_seed(recipe, index, epoch)
-    dataset = read_once if read_once is not None else _read_files_in_order(recipe, index, seed)
+    dataset = (
+        read_once if read_once is not None else read_files(recipe, index, seed=seed, in_order=True)
+    )
     if recipe.shuffle_buffer_size is not None:
         dataset = dataset.shuffle(
             recipe.shuffle_buffer_size, seed=seed, reshuffle_each_iteration=False
@@ -189,21 +181,14 @@ def _read_once(recipe: Recipe, source: Any, context: Any, index: int, workers: i
     if recipe.plan.source_kind == "files" and not recipe.cache:
         return None
     if recipe.plan.source_kind == "files":
-        dataset = _read_files_in_order(recipe, index, tf.constant(recipe.seed or 0, tf.int64))
+        dataset = read_files(
+            recipe, index, seed=tf.constant(recipe.seed or 0, tf.int64), in_order=True
+        )
     elif recipe.plan.source_kind == "function":
-        dataset = _call_source(source, context)
+        dataset = call_source(source, context)
     else:
         dataset = source
-    if recipe.maps_before_cache:
-        dataset = dataset.map(
-            recipe.map_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
-        )
-    if recipe.cache:
-        name = recipe.cache if isinstance(recipe.cache, str) else ""
-        if name and workers > 1:
-            name = f"{name}.worker-{index}-of-{workers}"
-        dataset = dataset.cache(name)
-    return dataset
+    return map_and_cache(recipe, dataset, workers, index)
 
 
 def positioned_worker_dataset(

@@ -14,8 +14,7 @@ already runs), never at every step:
    cannot finish that call before it does (each step's collectives need every worker), so each
    of them has the request before its own end of call ``k + 1``, where all act on it.
 
-With one worker there is nothing to agree: :class:`LocalChannel` takes every request at once,
-for the call that just ended.
+With one worker there is nothing to agree: the callback acts on its own notice.
 """
 
 from __future__ import annotations
@@ -57,37 +56,6 @@ class Request:
     @classmethod
     def decode(cls, text: str) -> Request:
         return cls(**json.loads(text))
-
-
-class Channel(Protocol):
-    """Where requests are made and received."""
-
-    def propose(self, action: str, *, after_call: int, reason: str) -> Request:
-        """Make a request for the call after ``after_call``; return the agreed one."""
-
-    def received(self) -> list[Request]:
-        """Requests agreed so far, in order."""
-
-    def close(self) -> None:
-        """Stop listening."""
-
-
-class LocalChannel:
-    """One worker: a request applies to the call that just ended."""
-
-    def __init__(self) -> None:
-        self._requests: list[Request] = []
-
-    def propose(self, action: str, *, after_call: int, reason: str) -> Request:
-        request = Request(action, after_call, 0, reason)
-        self._requests.append(request)
-        return request
-
-    def received(self) -> list[Request]:
-        return list(self._requests)
-
-    def close(self) -> None:
-        pass
 
 
 class KeyValueStore(Protocol):

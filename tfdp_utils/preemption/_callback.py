@@ -189,7 +189,7 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
             epoch, step = int(latest.state["epoch"]), int(latest.state["step_in_epoch"])
             seed = latest.state.get("seed")
         else:
-            epoch, step = _initial_epoch(initial_epoch), 0
+            epoch, step = int(initial_epoch or 0), 0
             seed = resumable.recipe.seed
             if seed is None and resumable.shuffles:
                 seed = random.randrange(2**31)  # kept in every checkpoint of this run
@@ -523,13 +523,8 @@ class CustomLoop:
         if self._run is not None:
             self._run.close()
         if isinstance(error, fit_binding.StopFit):
-            from tfdp_utils import _exit_guard as exit_guard
-
-            exit_guard.clear_frames(error)
-            if error.exit_status is None:
-                return True  # exit=False: the with block ends
-            exit_guard.exit_within(error.exit_status)
-            raise SystemExit(error.exit_status) from None
+            fit_binding.end_stopped(error)  # exits, unless exit=False
+            return True  # the with block ends
         return False
 
 
@@ -627,10 +622,6 @@ class _CoordinationStore:
         except tf.errors.DeadlineExceededError:
             return None
         return str(value)
-
-
-def _initial_epoch(value: Any) -> int:
-    return int(value or 0)
 
 
 def _check_variables(prefix: str) -> None:
