@@ -44,6 +44,7 @@ PURE_MODULES = (
     "tfdp_utils.data._sharding",
     "tfdp_utils.data._epochs",
     "tfdp_utils.data._diagnostics",
+    "tfdp_utils.data._input_report",
     "tfdp_utils.data.service._watch",
     # Glue that imports TensorFlow only when first used.
     "tfdp_utils.strategy._choice",

@@ -33,7 +33,9 @@ if TYPE_CHECKING:
     from tfdp_utils.cluster._config import ClusterConfig
     from tfdp_utils.cluster._environments import cluster_task_type
     from tfdp_utils.data._builder import build_distributed_dataset, plan_sharding
+    from tfdp_utils.data._diagnose_input import diagnose_input
     from tfdp_utils.data._info import DatasetInfo
+    from tfdp_utils.data._input_report import InputDiagnosis
     from tfdp_utils.data._sharding import ShardingPlan
     from tfdp_utils.data._single_device import single_device_dataset
     from tfdp_utils.data._splits import split_for_validation
@@ -72,6 +74,7 @@ _HOMES: dict[str, str] = {
     "Environment": "tfdp_utils.strategy._detect",
     "EquivalenceReport": "tfdp_utils.doctor._equivalence",
     "GlobalBatchPlan": "tfdp_utils.batching",
+    "InputDiagnosis": "tfdp_utils.data._input_report",
     "KerasCompatError": "tfdp_utils.errors",
     "ReplicaDivergenceError": "tfdp_utils.errors",
     "ResumeMismatchError": "tfdp_utils.errors",
@@ -93,6 +96,7 @@ _HOMES: dict[str, str] = {
     "compat": "tfdp_utils.compat",
     "data": "tfdp_utils.data",
     "detect_environment": "tfdp_utils.strategy._detect",
+    "diagnose_input": "tfdp_utils.data._diagnose_input",
     "enable_gradient_accumulation": "tfdp_utils.training._accumulation",
     "errors": "tfdp_utils.errors",
     "global_batch_size": "tfdp_utils.batching",
@@ -123,6 +127,7 @@ __all__ = [
     "Environment",
     "EquivalenceReport",
     "GlobalBatchPlan",
+    "InputDiagnosis",
     "KerasCompatError",
     "ReplicaDivergenceError",
     "ResumeMismatchError",
@@ -145,6 +150,7 @@ __all__ = [
     "compat",
     "data",
     "detect_environment",
+    "diagnose_input",
     "enable_gradient_accumulation",
     "errors",
     "global_batch_size",

@@ -141,6 +141,107 @@ def dataset_class_name(dataset: Any) -> str:
     return type(dataset).__name__
 
 
+def dataset_parallelism(dataset: Any) -> int | None:
+    """Parallel calls (``_num_parallel_calls``) or reads (``_num_parallel_reads``) of a
+    transformation: -1 for AUTOTUNE, None for one at a time or unknown."""
+    for attribute in ("_num_parallel_calls", "_num_parallel_reads"):
+        value = getattr(dataset, attribute, None)
+        if value is not None:
+            static = tf.get_static_value(value)
+            return None if static is None else int(static)
+    return None
+
+
+def dataset_function_ops(dataset: Any) -> set[str]:
+    """Op names in the function a transformation applies (``_map_func``), nested functions
+    included; empty for a transformation without one."""
+    wrapper = getattr(dataset, "_map_func", None)
+    function = getattr(wrapper, "function", None)
+    graph = getattr(function, "graph", None)
+    if graph is None:
+        return set()
+    graph_def = graph.as_graph_def()
+    ops = {node.op for node in graph_def.node}
+    for nested in graph_def.library.function:
+        ops.update(node.op for node in nested.node_def)
+    return ops
+
+
+def dataset_file_count(dataset: Any) -> int | None:
+    """Files a reader dataset reads (its ``_filenames`` dataset's size), or None."""
+    filenames = getattr(dataset, "_filenames", None)
+    if filenames is None or not hasattr(filenames, "cardinality"):
+        return None
+    count = int(filenames.cardinality())
+    return count if count >= 0 else None
+
+
+def distributed_pipelines(dataset: Any) -> list[Any] | None:
+    """The ``tf.data.Dataset`` behind a distributed dataset: the per-worker datasets of
+    ``distribute_datasets_from_function`` (``_datasets``) or the dataset given to
+    ``experimental_distribute_dataset`` (``_original_dataset``); None when neither."""
+    datasets = getattr(dataset, "_datasets", None)
+    if datasets:
+        return list(datasets)
+    original = getattr(dataset, "_original_dataset", None)
+    return None if original is None else [original]
+
+
+def distributed_from_function(dataset: Any) -> bool:
+    """Whether a distributed dataset came from ``distribute_datasets_from_function``
+    (per-worker datasets of per-replica batches, ``_datasets``)."""
+    return bool(getattr(dataset, "_datasets", None))
+
+
+def variable_strategy(variable: Any) -> Any | None:
+    """The strategy that made ``variable`` (``_distribute_strategy``), or None (no strategy)."""
+    inner = distributed_variable(variable)
+    return None if inner is None else inner._distribute_strategy
+
+
+def distributed_strategy(dataset: Any) -> Any | None:
+    """The strategy a distributed dataset was made by (``_strategy``), or None."""
+    return getattr(dataset, "_strategy", None)
+
+
+def distributed_input_options(dataset: Any) -> Any | None:
+    """The ``tf.distribute.InputOptions`` a distributed dataset was made with (``_options``)."""
+    return getattr(dataset, "_options", None)
+
+
+def steps_per_execution(model: Any) -> int:
+    """Train steps one call of the model's train function runs (Keras 3's
+    ``steps_per_execution``, tf_keras' ``_steps_per_execution`` variable); 1 when unset."""
+    value: Any = getattr(model, "_steps_per_execution", None) if not IS_KERAS3 else None
+    if value is None:
+        value = getattr(model, "steps_per_execution", 1)
+    if hasattr(value, "numpy"):  # tf_keras: a variable
+        value = value.numpy()
+    try:
+        return max(1, int(value))
+    except (TypeError, ValueError):
+        return 1
+
+
+def build_for_training(model: Any, data_batch: Any) -> None:
+    """Build ``model``'s layers, compiled metrics, loss and optimizer as ``fit`` does before its
+    first step: Keras 3's ``Trainer._maybe_symbolic_build`` from one replica's batch. tf_keras
+    builds them in its first step; there the model is called once and the optimizer built."""
+    strategy = model.distribute_strategy
+    if IS_KERAS3:
+        model._maybe_symbolic_build(data_batch=data_batch)
+        return
+    if not model.built:
+        x = data_batch[0] if isinstance(data_batch, tuple) else data_batch
+        with strategy.scope():
+            model(x)
+    optimizer = getattr(model, "optimizer", None)
+    build = getattr(optimizer, "build", None)
+    if callable(build) and not getattr(optimizer, "_built", False):
+        with strategy.scope():
+            build(model.trainable_variables)
+
+
 def eager_context() -> Any:
     """TensorFlow's eager context module (``tensorflow.python.eager.context``)."""
     from tensorflow.python.eager import context

@@ -16,6 +16,8 @@ Pure planning apart from tf.data glue, one concept per module:
 ``data/_splits.py``           ``split_for_validation``: Keras' ``validation_split``
 ``data/_arguments.py``        the builder's arguments, checked where they enter
 ``data/_builder.py``          ``build_distributed_dataset`` and ``plan_sharding``
+``data/_input_report.py``     ``InputDiagnosis``: input-bound or not, the slow stage, advice (pure)
+``data/_diagnose_input.py``   ``diagnose_input``: times the input, the model, the two together
 ``data/service/``             the tf.data service: modes, the request watch, the servers
 ============================  =============================================================
 
@@ -39,15 +41,19 @@ from tfdp_utils._lazy import surface
 
 if TYPE_CHECKING:
     from tfdp_utils.data._builder import build_distributed_dataset, plan_sharding
+    from tfdp_utils.data._diagnose_input import diagnose_input
     from tfdp_utils.data._info import DatasetInfo
+    from tfdp_utils.data._input_report import InputDiagnosis
     from tfdp_utils.data._sharding import ShardingPlan
     from tfdp_utils.data._single_device import single_device_dataset
     from tfdp_utils.data._splits import split_for_validation
 
 _HOMES = {
     "DatasetInfo": "tfdp_utils.data._info",
+    "InputDiagnosis": "tfdp_utils.data._input_report",
     "ShardingPlan": "tfdp_utils.data._sharding",
     "build_distributed_dataset": "tfdp_utils.data._builder",
+    "diagnose_input": "tfdp_utils.data._diagnose_input",
     "plan_sharding": "tfdp_utils.data._builder",
     "single_device_dataset": "tfdp_utils.data._single_device",
     "split_for_validation": "tfdp_utils.data._splits",
@@ -55,8 +61,10 @@ _HOMES = {
 
 __all__ = [
     "DatasetInfo",
+    "InputDiagnosis",
     "ShardingPlan",
     "build_distributed_dataset",
+    "diagnose_input",
     "plan_sharding",
     "single_device_dataset",
     "split_for_validation",

@@ -1,0 +1,326 @@
+"""``diagnose_input`` on fixtures whose speeds are known: injected sleeps in the input pipeline
+and in the model's train step, on 1 and 2 replicas, on Keras 3 and tf_keras.
+
+Truth: each of the three rates is compared with the test's own ``time.perf_counter`` around its
+own loops (the dataset iterated by hand; ``fit`` on one repeated batch and on the dataset, timed
+by a callback), never with the code's arithmetic. The fixtures differ 5-10x, so the verdicts hold
+on a loaded machine; the only timed asserts are the 20 % agreements.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfdp_utils as tdu
+from tfdp_utils._tf import keras
+
+BATCH = 64
+STEPS = 10
+AGREEMENT = 0.2
+
+X = np.random.default_rng(0).random((4096, 8), dtype=np.float32)
+Y = X[:, :1] * 2.0
+
+
+def _mirrored(replicas: int) -> Any:
+    return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])
+
+
+def _sleep_op(seconds: float) -> Any:
+    """A graph op that sleeps ``seconds`` (a numpy_function: Python, GIL released)."""
+
+    def sleep() -> Any:
+        time.sleep(seconds)
+        return np.int32(0)
+
+    return tf.numpy_function(sleep, [], tf.int32)
+
+
+def _slow_identity(seconds: float) -> Any:
+    def slow(*element: Any) -> Any:
+        with tf.control_dependencies([_sleep_op(seconds)]):
+            return tuple(tf.identity(part) for part in element)
+
+    return slow
+
+
+class SlowStepModel(keras.Model):  # type: ignore[misc]
+    """A model whose train step sleeps ``step_seconds`` before Keras' own step."""
+
+    step_seconds = 0.0
+
+    def train_step(self, data: Any) -> Any:
+        if self.step_seconds:
+            _sleep_op(self.step_seconds)  # stateful: runs in the traced step
+        return super().train_step(data)
+
+
+def _model(strategy: Any, step_seconds: float = 0.0) -> Any:
+    with strategy.scope():
+        inputs = keras.Input((8,))
+        hidden = keras.layers.Dense(16, activation="relu")(inputs)
+        model = SlowStepModel(inputs, keras.layers.Dense(1)(hidden))
+        model.step_seconds = step_seconds
+        model.compile(optimizer="adam", loss="mse", metrics=["mae"], jit_compile=False)
+    return model
+
+
+def _dataset(batch_seconds: float) -> Any:
+    """Global batches of BATCH; each one takes ``batch_seconds`` to make, serially."""
+    dataset = tf.data.Dataset.from_tensor_slices((X, Y)).repeat().batch(BATCH)
+    if batch_seconds:
+        dataset = dataset.map(_slow_identity(batch_seconds))
+    return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+# ---------------------------------------------------------- the test's own measurements
+
+
+def _own_input_rate(dataset: Any) -> float:
+    iterator = iter(dataset)
+    for _ in range(2):
+        next(iterator)
+    start = time.perf_counter()
+    examples = sum(int(next(iterator)[0].shape[0]) for _ in range(STEPS))
+    return examples / (time.perf_counter() - start)
+
+
+class _StepClock(keras.callbacks.Callback):  # type: ignore[misc]
+    def __init__(self) -> None:
+        super().__init__()
+        self.ends: list[float] = []
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        self.ends.append(time.perf_counter())
+
+
+def _own_fit_rate(model: Any, dataset: Any, skip: int = 4) -> float:
+    """Examples/s of ``fit`` over ``dataset``, from the end of step ``skip`` on."""
+    clock = _StepClock()
+    model.fit(dataset, epochs=1, steps_per_epoch=skip + STEPS, verbose=0, callbacks=[clock])
+    return STEPS * BATCH / (clock.ends[-1] - clock.ends[skip - 1])
+
+
+def _agrees(reported: float, measured: float) -> bool:
+    return abs(reported - measured) <= AGREEMENT * measured
+
+
+def _assert_rates_agree(report: Any, model: Any, dataset: Any) -> None:
+    one_batch = tf.data.Dataset.from_tensors(next(iter(dataset))).repeat()
+    measured = {
+        "input": _own_input_rate(dataset),
+        "model": _own_fit_rate(model, one_batch),
+        "together": _own_fit_rate(model, dataset),
+    }
+    reported = {
+        "input": report.input_examples_per_sec,
+        "model": report.model_examples_per_sec,
+        "together": report.training_examples_per_sec,
+    }
+    for phase, rate in measured.items():
+        assert _agrees(reported[phase], rate), (phase, reported, measured, report.summary())
+
+
+def _state(model: Any) -> list[np.ndarray]:
+    optimizer_variables = model.optimizer.variables
+    if callable(optimizer_variables):
+        optimizer_variables = optimizer_variables()
+    return [np.array(v.numpy()) for v in [*model.weights, *optimizer_variables]]
+
+
+def _metrics(model: Any) -> dict[str, float]:
+    return {name: float(value) for name, value in model.get_metrics_result().items()}
+
+
+# ------------------------------------------------------------------------- verdicts
+
+
+@pytest.mark.keras
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_input_bound_fixture_is_input_bound_with_true_rates(replicas: int) -> None:
+    # 100 ms per batch, 10 ms per step (per replica: numpy_function sleeps take turns).
+    strategy = _mirrored(replicas)
+    model, dataset = _model(strategy, step_seconds=0.01), _dataset(0.1)
+    report = tdu.diagnose_input(model, dataset, steps=STEPS)
+    assert report.input_bound, report.summary()
+    assert report.factor > 2, report.summary()
+    assert report.num_replicas_in_sync == replicas
+    assert report.global_batch_size == BATCH
+    assert report.bottleneck == "Map(serial, Python)", report.summary()
+    assert {"parallel_map", "threading"} <= {a.kind for a in report.advice}
+    _assert_rates_agree(report, model, dataset)
+
+
+@pytest.mark.keras
+def test_compute_bound_fixture_is_not_input_bound_with_true_rates() -> None:
+    # 10 ms per batch, 50 ms per step on each of 2 replicas.
+    strategy = _mirrored(2)
+    model, dataset = _model(strategy, step_seconds=0.05), _dataset(0.01)
+    report = tdu.diagnose_input(model, dataset, steps=STEPS)
+    assert not report.input_bound, report.summary()
+    assert report.factor < 0.5, report.summary()
+    assert report.bottleneck is None
+    assert [a.kind for a in report.advice] == ["compute"]
+    _assert_rates_agree(report, model, dataset)
+
+
+# --------------------------------------------------------------------------- advice
+
+
+def _write_records(folder: Path, files: int, records: int) -> list[str]:
+    paths = []
+    for index in range(files):
+        path = folder / f"part-{index}.tfrecord"
+        with tf.io.TFRecordWriter(str(path)) as writer:
+            for row in X[:records]:
+                writer.write(tf.io.serialize_tensor(tf.constant(row)).numpy())
+        paths.append(str(path))
+    return paths
+
+
+def _parse(record: Any) -> Any:
+    x = tf.ensure_shape(tf.io.parse_tensor(record, tf.float32), [8])
+    return x, x[:1] * 2.0
+
+
+@pytest.mark.keras
+def test_serial_reads_get_the_parallel_reads_advice(tmp_path: Path) -> None:
+    # Each record takes 1 ms to arrive (storage latency), files read one after the other.
+    files = _write_records(tmp_path, files=4, records=256)
+
+    def read_slowly(path: Any) -> Any:
+        records = tf.data.TFRecordDataset(path)
+        return records.map(lambda record: _slow_identity(0.001)(record)[0])
+
+    dataset = (
+        tf.data.Dataset.from_tensor_slices(files)
+        .flat_map(read_slowly)
+        .map(_parse)
+        .repeat()
+        .batch(BATCH)
+        .prefetch(tf.data.AUTOTUNE)
+    )
+    model = _model(_mirrored(2))
+    report = tdu.diagnose_input(model, dataset, steps=6)
+    assert report.input_bound, report.summary()
+    assert report.bottleneck is not None and report.bottleneck.startswith("FlatMap(4 files, serial")
+    kinds = [a.kind for a in report.advice]
+    assert kinds[0] == "parallel_reads", report.summary()
+    assert "num_parallel_reads" in report.advice[0].message
+    assert "cache" not in kinds
+
+
+@pytest.mark.keras
+def test_expensive_map_of_a_builder_dataset_gets_cache_and_service_advice() -> None:
+    # The reads are free; map_fn takes 1 ms per example (64 ms per step at most 2 in flight).
+    strategy = _mirrored(2)
+    dist = tdu.build_distributed_dataset(
+        tf.data.Dataset.from_tensor_slices((X, Y)),
+        strategy=strategy,
+        global_batch_size=BATCH,
+        map_fn=_slow_identity(0.001),
+        repeat=True,
+    )
+    model = _model(strategy)
+    report = tdu.diagnose_input(model, dist, steps=6)
+    assert report.input_bound, report.summary()
+    assert report.dataset.startswith("build_distributed_dataset")
+    assert report.bottleneck is not None and report.bottleneck.startswith("ParallelMap")
+    advice = {a.kind: a.message for a in report.advice}
+    assert "cache=True" in advice["cache"]
+    assert "service=" in advice["service"]
+    assert "parallel_reads" not in advice
+
+
+# ------------------------------------------------------------------------ the model
+
+
+@pytest.mark.keras
+@pytest.mark.parametrize("trained", [False, True])
+def test_weights_optimizer_state_and_metrics_are_as_before(trained: bool) -> None:
+    strategy = _mirrored(2)
+    model, dataset = _model(strategy), _dataset(0.0)
+    if trained:  # optimizer and metrics built, with state of their own
+        model.fit(dataset, epochs=1, steps_per_epoch=3, verbose=0)
+        before_metrics = _metrics(model)
+    else:
+        before_metrics = None
+    before = _state(model) if trained else [np.array(w.numpy()) for w in model.weights]
+    report = tdu.diagnose_input(model, dataset, steps=3)
+    assert report.steps == (3, 3, 3)
+    if trained:
+        after = _state(model)
+        assert len(after) == len(before)
+        assert int(model.optimizer.iterations.numpy()) == 3
+        assert _metrics(model) == before_metrics
+    else:
+        after = [np.array(w.numpy()) for w in model.weights]
+        assert int(model.optimizer.iterations.numpy()) == 0
+        optimizer_variables = model.optimizer.variables
+        if callable(optimizer_variables):
+            optimizer_variables = optimizer_variables()
+        slots = [v for v in optimizer_variables if len(v.shape)]  # moments: zeros as built
+        assert all(not np.any(v.numpy()) for v in slots)
+    assert all(np.array_equal(a, b) for a, b in zip(before, after, strict=True))
+    # and fit goes on from there
+    model.fit(dataset, epochs=1, steps_per_epoch=2, verbose=0)
+
+
+# ----------------------------------------------------------------------- bad inputs
+
+
+@pytest.mark.keras
+def test_bad_inputs_say_what_was_received_and_how_to_fix_it() -> None:
+    strategy = _mirrored(2)
+    model, dataset = _model(strategy), _dataset(0.0)
+    with strategy.scope():
+        uncompiled = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+    unbatched = tf.data.Dataset.from_tensor_slices((X, Y))
+    other = tdu.build_distributed_dataset(
+        tf.data.Dataset.from_tensor_slices((X, Y)), strategy=_mirrored(1), global_batch_size=BATCH
+    )
+    cases: list[tuple[Any, Any, dict[str, Any], type[Exception], str]] = [
+        (uncompiled, dataset, {}, ValueError, r"must be compiled.*model\.compile"),
+        (
+            "model",
+            dataset,
+            {},
+            TypeError,
+            r"compiled Keras model, but received 'model' of type str",
+        ),
+        (
+            model,
+            X,
+            {},
+            TypeError,
+            r"batched tf\.data\.Dataset .* received ndarray.*from_tensor_slices",
+        ),
+        (model, unbatched, {}, ValueError, r"looks unbatched.*dataset\.batch\(64\)"),
+        (model, dataset.take(0), {}, ValueError, r"gave no batch"),
+        (
+            model,
+            other,
+            {},
+            tdu.StrategyMismatchError,
+            r"another strategy.*strategy=model\.distribute_strategy",
+        ),
+        (model, dataset, {"steps": 0}, ValueError, r"steps must be a positive integer.*steps=0"),
+        (model, dataset, {"steps": 2.0}, TypeError, r"steps must be an integer.*steps=2"),
+        (model, dataset, {"max_seconds": 0}, ValueError, r"max_seconds must be a positive"),
+        (
+            model,
+            dataset,
+            {"max_seconds": "10"},
+            TypeError,
+            r"max_seconds must be a number of seconds",
+        ),
+    ]
+    for bad_model, bad_dataset, kwargs, error, match in cases:
+        with pytest.raises(error, match=match):
+            tdu.diagnose_input(bad_model, bad_dataset, **kwargs)

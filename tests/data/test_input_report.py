@@ -1,0 +1,226 @@
+"""What ``diagnose_input`` concludes from its figures: the verdict, the slow stage, the advice.
+
+Pure. Figures are written out by hand (examples, steps, seconds, CPU seconds), so every rule is
+tested without TensorFlow; the factors and shares quoted are worked out here from those figures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tfdp_utils.data._input_report import (
+    DISTRIBUTED_ITERATOR,
+    Figures,
+    Rate,
+    Stage,
+    advise,
+    bottleneck,
+    diagnose,
+)
+
+pytestmark = pytest.mark.pure
+
+
+def rate(per_sec: float, *, cpu_share_of_two: float | None = None) -> Rate:
+    """A 2-second stretch at ``per_sec`` examples/s; CPU as a share of 2 cores."""
+    cpu = None if cpu_share_of_two is None else cpu_share_of_two * 2 * 2.0
+    return Rate(int(per_sec * 2), 20, 2.0, cpu)
+
+
+SERIAL_READ = Stage("FlatMap", "read", None, False, 8)
+PARALLEL_READ_ONE_FILE = Stage("TFRecordV2", "read", -1, False, 1)
+SERIAL_MAP = Stage("Map", "map", None, True)
+PARALLEL_MAP = Stage("ParallelMap", "map", -1)
+BATCH = Stage("Batch", "batch")
+PREFETCH = Stage("Prefetch", "other")
+SOURCE = Stage("TensorSlice", "source")
+
+
+def timed(stage: Stage, per_sec: float | None) -> Stage:
+    return dataclasses.replace(stage, examples_per_sec=per_sec)
+
+
+def figures(
+    stages: tuple[Stage, ...],
+    *,
+    input_rate: float = 1_000,
+    model_rate: float = 5_000,
+    together: float | None = None,
+    cpu: float | None = 0.6,
+    **kwargs: object,
+) -> Figures:
+    return Figures(
+        input=rate(input_rate, cpu_share_of_two=cpu),
+        model=rate(model_rate),
+        together=rate(together if together is not None else min(input_rate, model_rate)),
+        stages=stages,
+        cores=2,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def kinds(advice: tuple[object, ...]) -> list[str]:
+    return [a.kind for a in advice]  # type: ignore[attr-defined]
+
+
+# ------------------------------------------------------------------------ the slow stage
+
+
+@pytest.mark.parametrize(
+    ("rates", "input_rate", "expected"),
+    [
+        ((90_000, 1_200, 1_100), 1_000, 1),  # the map takes the rate down; batch keeps it
+        ((1_050, 1_000, 990), 1_000, 0),  # the reads already are the limit
+        ((None, 20_000, None), 1_000, 3),  # every stage faster than the iterator delivers
+        ((None, None, None), 1_000, None),  # nothing timed
+    ],
+)
+def test_the_slow_stage_is_the_first_near_the_slowest(
+    rates: tuple[float | None, ...], input_rate: float, expected: int | None
+) -> None:
+    stages = tuple(timed(s, r) for s, r in zip((SOURCE, SERIAL_MAP, BATCH), rates, strict=True))
+    assert bottleneck(stages, input_rate) == expected
+
+
+# ---------------------------------------------------------------------------- verdicts
+
+
+def test_factor_is_model_over_input_and_sets_the_verdict() -> None:
+    report = diagnose(
+        figures((timed(SOURCE, 1_000),), input_rate=1_000, model_rate=5_000),
+        seconds=4.0,
+        global_batch_size=64,
+        num_replicas_in_sync=2,
+    )
+    assert report.factor == pytest.approx(5.0)
+    assert report.input_bound
+    assert report.bottleneck == "TensorSlice"
+    assert report.input_cpu_share == pytest.approx(0.6)
+    assert report.steps == (20, 20, 20)
+    balanced = diagnose(
+        figures((), input_rate=1_000, model_rate=1_050),
+        seconds=4.0,
+        global_batch_size=64,
+        num_replicas_in_sync=2,
+    )
+    assert not balanced.input_bound  # within 1.1x: a faster input would gain under 10 %
+    assert balanced.bottleneck is None
+
+
+def test_not_input_bound_says_so_and_nothing_about_the_pipeline() -> None:
+    advice = advise(figures((timed(SERIAL_READ, 900),), input_rate=5_000, model_rate=1_000))
+    assert kinds(advice) == ["compute"]
+    assert "5.0x what the model consumes" in advice[0].message
+
+
+# ------------------------------------------------------------------------------ advice
+
+
+def test_serial_reads_get_parallel_reads() -> None:
+    stages = (timed(SERIAL_READ, 1_000), timed(PARALLEL_MAP, 990), timed(BATCH, 990))
+    advice = advise(figures(stages))
+    assert kinds(advice) == ["parallel_reads"]
+    assert "num_parallel_reads=tf.data.AUTOTUNE" in advice[0].message
+    assert "interleave" in advice[0].message
+
+
+def test_one_file_gets_more_files() -> None:
+    advice = advise(figures((timed(PARALLEL_READ_ONE_FILE, 1_000), timed(BATCH, 1_000))))
+    assert kinds(advice) == ["more_files"]
+    assert "Only 1 file(s)" in advice[0].message
+    assert "at least 4" in advice[0].message  # 2 per core, 2 cores
+
+
+def test_a_serial_python_map_gets_parallel_calls_cache_and_service() -> None:
+    stages = (timed(SOURCE, 500_000), timed(SERIAL_MAP, 1_000), timed(BATCH, 1_000))
+    advice = advise(figures(stages))
+    assert kinds(advice) == ["parallel_map", "cache", "service"]
+    assert "num_parallel_calls=tf.data.AUTOTUNE" in advice[0].message
+    assert "GIL" in advice[0].message
+    assert ".cache()" in advice[1].message
+
+
+def test_builder_advice_names_the_builder_arguments() -> None:
+    stages = (timed(SOURCE, 500_000), timed(PARALLEL_MAP, 1_000))
+    advice = {a.kind: a.message for a in advise(figures(stages, builder=True))}
+    assert set(advice) == {"cache", "service"}
+    assert "cache=True" in advice["cache"]
+    assert "service='grpc://dispatcher:port'" in advice["service"]
+
+
+def test_no_cache_advice_when_a_cache_follows_and_no_service_when_in_use() -> None:
+    stages = (timed(SOURCE, 500_000), timed(PARALLEL_MAP, 1_000))
+    advice = advise(figures(stages, cached_after=(0, 1), service=True))
+    assert kinds(advice) == []
+
+
+def test_cpu_saturated_gets_the_service_and_intra_op_threads() -> None:
+    stages = (timed(SOURCE, 500_000), timed(BATCH, 1_000))
+    advice = advise(figures(stages, cpu=0.95))
+    assert kinds(advice) == ["service", "threading"]
+    assert "keeps 95% of 2 core(s) busy" in advice[0].message
+    assert "max_intra_op_parallelism = 1" in advice[1].message
+
+
+def test_latency_bound_gets_a_larger_private_thread_pool() -> None:
+    advice = advise(figures((timed(SERIAL_READ, 1_000),), cpu=0.05))
+    assert kinds(advice) == ["parallel_reads", "threading"]
+    assert "private_threadpool_size = 8" in advice[1].message  # 4 per core
+    assert "5% of 2 core(s)" in advice[1].message
+
+
+def test_the_distributed_iterator_as_the_slow_part() -> None:
+    report = diagnose(
+        figures((timed(SOURCE, 50_000), timed(BATCH, 40_000))),
+        seconds=1.0,
+        global_batch_size=64,
+        num_replicas_in_sync=2,
+    )
+    assert report.bottleneck == DISTRIBUTED_ITERATOR
+    assert kinds(report.advice) == ["distribution"]
+
+
+@pytest.mark.parametrize(
+    ("prefetches", "phrase"),
+    [(False, "add .prefetch(tf.data.AUTOTUNE)"), (True, "compete for the same cores")],
+)
+def test_no_overlap_gets_prefetch_or_contention(prefetches: bool, phrase: str) -> None:
+    # model 1,000/s, input 5,000/s: training should reach 1,000/s, gets 500/s
+    advice = advise(
+        figures((), input_rate=5_000, model_rate=1_000, together=500, prefetches=prefetches)
+    )
+    assert kinds(advice) == ["compute", "overlap"]
+    assert phrase in advice[1].message
+    assert "500 examples/s, below the slower of the two alone (1,000)" in advice[1].message
+
+
+def test_summary_is_a_bug_report() -> None:
+    stages = (timed(SOURCE, 500_000), timed(SERIAL_MAP, 1_000), PREFETCH)
+    report = diagnose(
+        figures(stages, input_rate=1_000, model_rate=4_000, together=990),
+        seconds=6.5,
+        global_batch_size=64,
+        num_replicas_in_sync=2,
+        strategy="MirroredStrategy",
+        keras="keras3 3.15.1; TensorFlow 2.21.0",
+        dataset="tf.data.Dataset",
+        notes=("a note",),
+    )
+    text = report.summary()
+    assert text.startswith("tfdp-utils diagnose_input: INPUT-BOUND: the model could train 4.0x")
+    for part in (
+        "MirroredStrategy, 2 replica(s); keras3 3.15.1",
+        "global batch 64",
+        "1,000 examples/s",
+        "4,000 examples/s",
+        "990 examples/s",
+        "CPU 60% of 2 core(s)",
+        "Map(serial, Python)",
+        "<- slow stage",
+        "1. [parallel_map]",
+        "note: a note",
+        "(diagnosis took 6.5 s)",
+    ):
+        assert part in text, part
