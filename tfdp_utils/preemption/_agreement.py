@@ -68,6 +68,36 @@ class KeyValueStore(Protocol):
         """``key``'s value, or None when it is not set within ``timeout_ms``."""
 
 
+class CoordinationStore:
+    """TensorFlow's coordination service as a :class:`KeyValueStore` (a blocking get releases
+    the GIL). Imports TensorFlow when first used.
+
+    Every MultiWorkerMirroredStrategy job runs the service; its store answers while the
+    collectives of a step wait or have been aborted (it does not go through them).
+    """
+
+    def set(self, key: str, value: str) -> None:
+        from tensorflow.python.eager import context
+
+        context.context().set_config_key_value(key, value)
+
+    def get(self, key: str, timeout_ms: int) -> str | None:
+        from tensorflow.python.eager import context
+        from tensorflow.python.framework import errors
+
+        try:
+            value = context.context().get_config_key_value(key, timeout_in_ms=timeout_ms)
+        except errors.DeadlineExceededError:
+            return None
+        return str(value)
+
+    def delete(self, key: str) -> None:
+        """Delete ``key`` (nothing happens when it is not set)."""
+        from tensorflow.python.eager import context
+
+        context.context().delete_config_key_value(key)
+
+
 class CoordinationChannel:
     """Several workers: requests through a key-value store (see the module docstring).
 

@@ -315,7 +315,7 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
         run.monitor = _GraceMonitor(self.notice, self.grace_seconds)
         if run.num_workers > 1:
             run.channel = agreement.CoordinationChannel(
-                _CoordinationStore(),
+                agreement.CoordinationStore(),
                 f"tfdp/preemption/{run.serial}",
                 worker=run.worker,
                 num_workers=run.num_workers,
@@ -435,7 +435,7 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
         if run.channel is not None:
             # The others may still be writing: wait for every worker's part, bounded.
             agreement.barrier(
-                _CoordinationStore(),
+                agreement.CoordinationStore(),
                 f"tfdp/preemption/{run.serial}/saved/{run.global_step}",
                 worker=run.worker,
                 num_workers=run.num_workers,
@@ -602,26 +602,6 @@ class _GraceMonitor:
 
     def stop(self) -> None:
         self._stopped.set()
-
-
-class _CoordinationStore:
-    """TensorFlow's coordination service as the key-value store of
-    :class:`~tfdp_utils.preemption._agreement.CoordinationChannel` (a blocking get releases
-    the GIL)."""
-
-    def set(self, key: str, value: str) -> None:
-        from tensorflow.python.eager import context
-
-        context.context().set_config_key_value(key, value)
-
-    def get(self, key: str, timeout_ms: int) -> str | None:
-        from tensorflow.python.eager import context
-
-        try:
-            value = context.context().get_config_key_value(key, timeout_in_ms=timeout_ms)
-        except tf.errors.DeadlineExceededError:
-            return None
-        return str(value)
 
 
 def _check_variables(prefix: str) -> None:

@@ -184,7 +184,7 @@ def _build_multi_worker(
 
     _changes.restore_sigterm(applied_by="auto_strategy()")  # SIGTERM ends the job again
     if collective_timeout is not None and is_multi_worker(strategy):
-        CollectiveWatchdog(collective_timeout).start()  # its thread keeps it alive
+        CollectiveWatchdog(collective_timeout, phases=_phase_tracker(strategy)).start()
         logger.info(
             "tfdp_utils: multi-worker calls are bounded by collective_timeout=%g s (change it "
             "with auto_strategy(collective_timeout=SECONDS) or %s)",
@@ -194,6 +194,17 @@ def _build_multi_worker(
     with _CACHE_LOCK:
         _CACHE[key] = strategy
     return strategy
+
+
+def _phase_tracker(strategy: Any) -> Any:
+    """How the watchdog publishes this worker's phase: through the coordination service."""
+    from tfdp_utils.cluster._topology import position_of
+    from tfdp_utils.preemption._agreement import CoordinationStore
+    from tfdp_utils.strategy._stuck import PhaseBoard, PhaseTracker
+
+    position = position_of(strategy)
+    board = PhaseBoard(CoordinationStore(), worker=position.index, num_workers=position.num_workers)
+    return lambda in_call: PhaseTracker(board, in_call=in_call)
 
 
 def parameter_server_refusal(kind: str, *, keras3: bool, keras_version: str) -> str | None:

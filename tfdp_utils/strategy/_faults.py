@@ -17,6 +17,11 @@ second, and when that thread has sat inside one TensorFlow call for ``collective
 seconds, aborts the process's collectives (as TensorFlow's own health check does) with a
 message naming the bound and how to change it. ``model.fit`` then raises
 ``tf.errors.DeadlineExceededError`` carrying that message.
+
+The same thread publishes this worker's phase (reading input, inside step k, in a callback,
+saving) through the coordination service when it lasts an interval, and the message starts
+with a diagnosis that names the workers that did not reach the step (see
+:mod:`tfdp_utils.strategy._stuck`).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from typing import Any
 from tfdp_utils import _variables
 from tfdp_utils._validate import is_off_word
 from tfdp_utils._waiting import WaitProgress
+from tfdp_utils.strategy._stuck import PhaseTracker
 
 logger = logging.getLogger("tfdp_utils")
 
@@ -134,6 +140,9 @@ class CollectiveWatchdog:
             process's collective ops).
         in_call: tells whether a frame is inside a blocking TensorFlow call. Defaults to
             `None` (the innermost frame's file lies in the installed ``tensorflow`` package).
+        phases: publishes this worker's phase and reads the others' for the diagnosis (see
+            :mod:`tfdp_utils.strategy._stuck`); made with ``in_call`` as its test. Defaults to
+            `None` (no phases: the message names no worker).
 
     Examples:
         >>> watchdog = CollectiveWatchdog(600.0).start()  # doctest: +SKIP
@@ -148,6 +157,7 @@ class CollectiveWatchdog:
         interval: float | None = None,
         abort: Callable[[str], None] | None = None,
         in_call: Callable[[FrameType], bool] | None = None,
+        phases: Callable[[Callable[[FrameType], bool]], PhaseTracker] | None = None,
     ) -> None:
         if not timeout > 0:
             raise ValueError(f"timeout={timeout!r} must be a positive number of seconds.")
@@ -159,6 +169,7 @@ class CollectiveWatchdog:
             prefix = _tensorflow_dir()
             in_call = lambda frame: frame.f_code.co_filename.startswith(prefix)  # noqa: E731
         self._in_call = in_call
+        self._phases = phases(in_call) if phases is not None else None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.fired: str | None = None
@@ -186,6 +197,42 @@ class CollectiveWatchdog:
         return self._thread is not None and self._thread.is_alive()
 
     def _run(self) -> None:
+        try:
+            self._sample_until_stopped()
+        finally:
+            if self._phases is not None:
+                self._phases.release()
+                self._phases.board.close()
+
+    def _track(self, frame: FrameType) -> None:
+        """Publish this worker's phase; say so when peers wait for it outside TensorFlow."""
+        tracker = self._phases
+        if tracker is None:
+            return
+        try:
+            phase = tracker.sample(frame)
+            if phase is not None and phase.kind not in ("step", "input"):  # outside TF
+                lasted = time.time() - phase.since
+                if lasted >= max(2 * self.interval, self.timeout / 2):
+                    told = tracker.tell_if_holding_up(frame, lasted)
+                    if told:
+                        logger.warning("%s", told)
+        except Exception as error:  # never let the diagnosis stop the bound
+            logger.debug("tfdp_utils: the phase of this worker is not published: %s", error)
+            self._phases = None
+            tracker.release()
+            tracker.board.close()
+
+    def _diagnosis(self, frame: FrameType) -> str | None:
+        if self._phases is None:
+            return None
+        try:
+            return self._phases.diagnose(frame)
+        except Exception as error:
+            logger.debug("tfdp_utils: no diagnosis of the stuck step: %s", error)
+            return None
+
+    def _sample_until_stopped(self) -> None:
         # The frame inside a TensorFlow call, held so its identity cannot be reused; None
         # between calls, so the training thread's objects are not kept alive longer than that.
         held: Any = None
@@ -197,6 +244,7 @@ class CollectiveWatchdog:
             if frame is None:
                 return  # the training thread has ended
             now = time.monotonic()
+            self._track(frame)
             if not self._in_call(frame):
                 held = frame = None
                 continue
@@ -209,6 +257,9 @@ class CollectiveWatchdog:
                         f"{frame.f_code.co_name} in {os.path.basename(frame.f_code.co_filename)}"
                     )
                     message = timeout_message(self.timeout, waited, where)
+                    diagnosis = self._diagnosis(frame)
+                    if diagnosis:  # the line a user reads first, logged before the traceback
+                        message = f"{diagnosis}.\n{message}"
                     self.fired = message
                     logger.error("%s", message)
                     held = frame = None

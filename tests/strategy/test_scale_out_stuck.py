@@ -1,0 +1,194 @@
+"""A stuck 2-worker job names the stuck worker and what it does, on real localhost workers.
+
+Worker 1 stops reaching the next step (a callback that sleeps, or an input pipeline that blocks
+from step k on); worker 0's collective watchdog (``collective_timeout``) ends the step, and its
+error names worker 1 with its phase, read through TensorFlow's coordination service. Worker 1
+never ends by itself (it sleeps in Python, or waits in its own input pipeline): its log says
+the same once the others wait for it, and the test ends it. Every wait has a deadline.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import time
+
+import pytest
+from support.processes import Process, free_port, start_python, tf_config
+
+pytestmark = [pytest.mark.slow, pytest.mark.keras]
+
+BOUND = 6.0  # collective_timeout: short, so that the test is
+
+SCRIPT = r"""
+import json, os, sys, time
+import numpy as np
+import tfdp_utils as tdu
+from tfdp_utils._tf import tf, keras
+
+strategy = tdu.auto_strategy(cluster_timeout=60, collective_timeout=float(os.environ["CT"]))
+rank = int(strategy.cluster_resolver.task_id)
+mode, at = os.environ["MODE"], int(os.environ["AT"])
+
+armed = []
+
+def block_from(ids):
+    # Worker 1 keeps every 2nd id (shard_policy='data'), 4 a step: step k holds ids from
+    # 8 (k - 1); from there its pipeline never delivers. Armed once training runs: Keras
+    # iterates a first iterator it throws away (which would wait for a blocked element as
+    # it is freed); the pipeline runs a few steps ahead, far less than the k - 1 steps.
+    if rank == 1 and armed and int(ids.max()) >= 8 * (at - 1):
+        while True:
+            time.sleep(1)
+    return ids
+
+def map_fn(ids, y):
+    if mode == "input":
+        ids = tf.numpy_function(block_from, [ids], tf.int64, stateful=False)
+        ids.set_shape([])
+    return tf.cast(tf.reshape(ids, [1]), tf.float32), y
+
+ids = np.arange(4096, dtype="int64")
+y = np.ones((4096, 1), "float32")
+dist = tdu.build_distributed_dataset(
+    (ids, y), strategy=strategy, global_batch_size=8, shard_policy="data", map_fn=map_fn
+)
+with strategy.scope():
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(0.0), "mse")
+
+class Stall(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        if rank == 1 and int(self.model.optimizer.iterations.numpy()) == at:
+            print(f"STALL {time.time()}", flush=True)
+            while True:
+                time.sleep(1)
+
+class Arm(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        armed.append(True)
+
+callbacks = [Stall()] if mode == "callback" else [Arm()]
+print(f"FIT {time.time()}", flush=True)
+try:
+    model.fit(dist, epochs=1, steps_per_epoch=400, callbacks=callbacks, verbose=0)
+except Exception as exc:
+    print("FAILED " + json.dumps({"time": time.time(), "type": type(exc).__name__,
+                                  "message": str(exc)[:4000]}), flush=True)
+    sys.exit(3)
+print("FINISHED", flush=True)
+"""
+
+
+def _line(out: str, tag: str) -> dict:
+    for line in out.splitlines():
+        if line.startswith(tag + " "):
+            return json.loads(line[len(tag) + 1 :])
+    raise AssertionError(f"no {tag} line in output:\n{out[-3000:]}")
+
+
+def _run(mode: str, at: int) -> tuple[int, str, str, str, str]:
+    """Start 2 workers; wait (bounded) for worker 0 to end and worker 1 to say it is stuck.
+
+    Returns worker 0's status, stdout and stderr, and worker 1's stdout and stderr (it is
+    killed at the end: it would wait forever).
+    """
+    ports = [free_port(), free_port()]
+    env = {"MODE": mode, "AT": str(at), "CT": str(BOUND), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    processes: list[Process] = [
+        start_python(SCRIPT, env={**env, "TF_CONFIG": tf_config(ports, i)}) for i in range(2)
+    ]
+    try:
+        deadline = time.monotonic() + 150
+        ended_at = None
+        while time.monotonic() < deadline:
+            if processes[0].poll() is not None:
+                ended_at = ended_at or time.monotonic()
+                # Worker 1's own line comes from its watchdog, about when worker 0's fires.
+                if "stuck:" in processes[1].stderr() or time.monotonic() - ended_at > 15:
+                    break
+            time.sleep(0.2)
+        else:
+            raise TimeoutError("worker 0 did not end:\n" + processes[0].tail())
+        processes[1].kill()
+        return (
+            processes[0].popen.returncode,
+            processes[0].stdout(),
+            processes[0].stderr(),
+            processes[1].stdout(),
+            processes[1].stderr(),
+        )
+    finally:
+        for process in processes:
+            process.close()
+
+
+def _diagnosis(stderr: str) -> str:
+    """The first diagnosis line of a log, without its closing full stop."""
+    lines = [line for line in stderr.splitlines() if line.startswith("tfdp-utils: step ")]
+    assert lines, stderr[-4000:]
+    return lines[0].rstrip(".")
+
+
+def _named(message: str) -> str:
+    """The diagnosis inside an error's message (TensorFlow words the error around it)."""
+    found = re.search(r"tfdp-utils: step [^\n]*", message)
+    assert found, message
+    return found.group(0).rstrip(".")
+
+
+def test_worker_stuck_in_a_callback_is_named_with_the_callback():
+    at = 3
+    rc0, out0, err0, out1, err1 = _run("callback", at)
+    assert rc0 == 3, err0[-4000:]
+    failure = _line(out0, "FAILED")
+    assert failure["type"] == "DeadlineExceededError"
+    first = _named(failure["message"])
+    assert re.fullmatch(
+        rf"tfdp-utils: step {at + 1} stuck: worker 1 is in a callback "
+        rf"\(Stall\.on_train_batch_end\) after step {at} \(for \d+ s\); worker 0 \(this one\) "
+        r"waits in the step's collective",
+        first,
+    ), failure["message"]
+    # Within the bound: worker 0 waited from about the stall to the bound (+ sampling, reading).
+    waited = failure["time"] - float(out1.split("STALL ")[1].split()[0])
+    assert BOUND - 1.5 <= waited < BOUND + 5
+    # The one line comes before the traceback, in worker 0's log.
+    assert _diagnosis(err0) == first
+    # Worker 1 (stuck in Python: no TensorFlow call to abort) says it holds the others up.
+    told = _diagnosis(err1)
+    assert re.fullmatch(
+        rf"tfdp-utils: step {at + 1} stuck: worker 1 \(this one\) is in a callback "
+        rf"\(Stall\.on_train_batch_end\) after step {at} \(for \d+ s\); worker 0 waits in the "
+        r"step's collective",
+        told,
+    ), told
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("tfdp_utils.data._input_wait") is None,
+    reason="needs the input clock of builder datasets (tfdp_input_clock)",
+)
+def test_worker_whose_input_blocks_is_named_with_input_and_the_step():
+    at = 20
+    rc0, out0, err0, _, err1 = _run("input", at)
+    assert rc0 == 3, err0[-4000:]
+    failure = _line(out0, "FAILED")
+    assert failure["type"] == "DeadlineExceededError"
+    first = _named(failure["message"])
+    assert re.fullmatch(
+        rf"tfdp-utils: step {at} stuck: worker 1 is reading input for step {at} \(for \d+ s\); "
+        r"worker 0 \(this one\) waits in the step's collective",
+        first,
+    ), failure["message"]
+    fit_started = float(out0.split("FIT ")[1].split()[0])
+    assert failure["time"] - fit_started < 60  # trace, 3 steps, the bound
+    assert _diagnosis(err0) == first
+    # Worker 1 waits inside its step, so its own watchdog fires with the same diagnosis.
+    told = _diagnosis(err1)
+    assert re.fullmatch(
+        rf"tfdp-utils: step {at} stuck: worker 1 \(this one\) is reading input for step {at} "
+        r"\(for \d+ s\); worker 0 waits in the step's collective",
+        told,
+    ), told

@@ -1,0 +1,437 @@
+"""Who holds up a stuck step, without TensorFlow: phases read from real frames, the wording,
+the board over an in-memory store, and the watchdog naming a stuck peer in its message.
+
+The training thread is a real thread parked in functions shaped like Keras' (a callback's
+``on_train_batch_end``, a ``save``, a TensorFlow call), so the frames are real; the step counter
+and the input clock are fakes with the input clock's ``progress()`` shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import Any
+
+import pytest
+
+from tfdp_utils.strategy._faults import CollectiveWatchdog
+from tfdp_utils.strategy._stuck import (
+    Phase,
+    PhaseBoard,
+    PhaseTracker,
+    StepFacts,
+    diagnose,
+    fit_facts,
+    frame_phase,
+    resolve,
+)
+
+pytestmark = pytest.mark.pure
+
+
+def in_tf(frame: FrameType) -> bool:
+    """The fake's 'inside a TensorFlow call': the innermost function is ``quick_execute``."""
+    return frame.f_code.co_name == "quick_execute"
+
+
+def quick_execute(release: threading.Event) -> None:
+    release.wait()
+
+
+class Script:  # shaped like a keras.callbacks.Callback subclass
+    def on_train_batch_end(self, release: threading.Event) -> None:
+        helper(release)
+
+
+def helper(release: threading.Event) -> None:
+    release.wait()
+
+
+class CallbackList:  # Keras' dispatcher: never named as the callback
+    def on_train_batch_end(self, release: threading.Event) -> None:
+        Script().on_train_batch_end(release)
+
+
+def save(release: threading.Event) -> None:
+    release.wait()
+
+
+class Saver:
+    def on_epoch_end(self, release: threading.Event) -> None:
+        save(release)
+
+
+@dataclasses.dataclass
+class Progress:  # the input clock's progress() shape
+    requested: int
+    received: int
+    waited_seconds: float = 0.0
+
+
+class Clock:
+    def __init__(self, requested: int, received: int) -> None:
+        self.value = Progress(requested, received)
+
+    def progress(self) -> Progress:
+        return self.value
+
+
+class Counter:
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def numpy(self) -> int:
+        return self.value
+
+
+class Model:
+    def __init__(self, iterations: int) -> None:
+        self.optimizer = type("Optimizer", (), {"iterations": Counter(iterations)})()
+
+    def fit(self, x: Any, release: threading.Event, inner: Callable[..., None]) -> None:
+        inner(release)
+
+
+@pytest.fixture
+def parked() -> Iterator[Callable[..., FrameType]]:
+    """Run ``target(release)`` in a thread and return its innermost frame once parked."""
+    threads: list[tuple[threading.Thread, threading.Event]] = []
+
+    def park(target: Callable[..., None], *args: Any) -> FrameType:
+        release = threading.Event()
+        thread = threading.Thread(target=target, args=(*args, release), daemon=True)
+        thread.start()
+        threads.append((thread, release))
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            frame = sys._current_frames().get(thread.ident or 0)
+            names = []
+            current = frame
+            while current is not None:
+                names.append(current.f_code.co_name)
+                current = current.f_back
+            if frame is not None and names[0] == "wait" and "wait" in names[1:]:
+                return frame  # Event.wait -> Condition.wait: parked
+            time.sleep(0.01)
+        raise AssertionError("the thread did not park")
+
+    yield park
+    for thread, release in threads:
+        release.set()
+        thread.join(5)
+
+
+def _innermost_user_frame(frame: FrameType, name: str) -> FrameType:
+    current: FrameType | None = frame
+    while current is not None and current.f_code.co_name != name:
+        current = current.f_back
+    assert current is not None
+    return current
+
+
+def test_frames_tell_a_callback_by_its_class_and_method(parked):
+    frame = parked(CallbackList().on_train_batch_end)
+    seen = frame_phase(frame, in_tf)
+    assert seen.kind == "callback"
+    assert seen.where == "Script.on_train_batch_end"
+    # The callback's own frame anchors it: the same call at two samples is one phase.
+    assert seen.anchor.f_code.co_name == "on_train_batch_end"
+    assert seen.anchor.f_locals["self"].__class__ is Script
+
+
+def test_frames_tell_saving_and_name_the_callback_that_saves(parked):
+    seen = frame_phase(parked(Saver().on_epoch_end), in_tf)
+    assert seen.kind == "saving" and seen.where == "Saver.on_epoch_end"
+    seen = frame_phase(parked(save), in_tf)
+    assert seen.kind == "saving" and seen.where == "save"
+
+
+def test_frames_tell_a_tensorflow_call_from_python(parked):
+    frame = _innermost_user_frame(parked(quick_execute), "quick_execute")
+    assert frame_phase(frame, in_tf).kind == "step"
+    seen = frame_phase(parked(helper), in_tf)
+    assert seen.kind == "python" and seen.where.startswith("Condition.wait in threading.py")
+
+
+def test_fit_facts_on_real_frames(parked):
+    data = type("Data", (), {"tfdp_input_clock": Clock(12, 11)})()
+
+    def run(release: threading.Event) -> None:
+        Model(11).fit(data, release, quick_execute)
+
+    frame = _innermost_user_frame(parked(run), "quick_execute")
+    assert fit_facts(frame) == StepFacts(finished=11, input_waits_for=12)
+    data.tfdp_input_clock.value = Progress(12, 12, 3.0)
+    assert fit_facts(frame) == StepFacts(finished=11)
+    # No fit on the stack: nothing known.
+    assert fit_facts(_innermost_user_frame(parked(quick_execute), "quick_execute")) == StepFacts()
+
+
+@pytest.mark.parametrize(
+    ("kind", "facts", "expected"),
+    [
+        ("step", StepFacts(11), Phase("step", 12, "", 5.0)),
+        ("step", StepFacts(11, input_waits_for=12), Phase("input", 12, "", 5.0)),
+        ("step", StepFacts(None, input_waits_for=7), Phase("input", 7, "", 5.0)),
+        ("step", StepFacts(), Phase("step", None, "", 5.0)),
+        # tf_keras' optimizer has counted the running step already.
+        ("step", StepFacts(12, counted_early=True), Phase("step", 12, "", 5.0)),
+        ("step", StepFacts(12, True, 13), Phase("input", 12, "", 5.0)),
+        ("callback", StepFacts(12, counted_early=True), Phase("callback", 12, "S.on_x", 5.0)),
+        ("callback", StepFacts(11, input_waits_for=12), Phase("callback", 11, "S.on_x", 5.0)),
+    ],
+)
+def test_resolve_fills_in_the_step(kind, facts, expected, parked):
+    from tfdp_utils.strategy._stuck import FramePhase
+
+    anchor = sys._getframe()
+    where = "S.on_x" if kind == "callback" else ""
+    assert resolve(FramePhase(kind, where, anchor), facts, since=5.0) == expected
+
+
+def test_phases_in_words():
+    assert Phase("input", 12).describe() == "reading input for step 12"
+    assert Phase("step", 12).describe() == "inside step 12"
+    assert Phase("step").describe() == "inside a TensorFlow call"
+    assert (
+        Phase("callback", 3, "Script.on_train_batch_end").describe()
+        == "in a callback (Script.on_train_batch_end) after step 3"
+    )
+    assert (
+        Phase("saving", 8, "ModelCheckpoint.on_epoch_end").describe()
+        == "saving a checkpoint (ModelCheckpoint.on_epoch_end) after step 8"
+    )
+    assert (
+        Phase("saving", 0, "loading Checkpoint.restore").describe()
+        == "loading a checkpoint (Checkpoint.restore) after step 0"
+    )
+    assert Phase("python", None, "f in x.py").describe() == "in Python (f in x.py)"
+    assert Phase.decode(Phase("input", 3, "", 1.5).encode()) == Phase("input", 3, "", 1.5)
+
+
+def test_diagnosis_names_the_worker_that_did_not_reach_the_step():
+    now = 1000.0
+    text = diagnose(0, Phase("step", 12, "", 990.0), {1: Phase("input", 12, "", 969.0)}, now=now)
+    assert text == (
+        "tfdp-utils: step 12 stuck: worker 1 is reading input for step 12 (for 31 s); "
+        "worker 0 (this one) waits in the step's collective"
+    )
+    text = diagnose(
+        2,
+        Phase("step", 4, "", 990.0),
+        {
+            0: Phase("step", 4, "", 991.0),
+            1: Phase("callback", 3, "Script.on_train_batch_end", 992.0),
+            3: None,
+        },
+        now=now,
+    )
+    assert text == (
+        "tfdp-utils: step 4 stuck: worker 1 is in a callback (Script.on_train_batch_end) after "
+        "step 3 (for 8 s); worker 0 and worker 2 (this one) wait in the step's collective; "
+        "worker 3: no phase known (its watchdog publishes none: not started by auto_strategy, "
+        "or no collective_timeout)"
+    )
+    # The stuck worker's own view names itself.
+    text = diagnose(1, Phase("input", 12, "", 969.0), {0: Phase("step", 12, "", 990.0)}, now=now)
+    assert text.startswith("tfdp-utils: step 12 stuck: worker 1 (this one) is reading input")
+    # Everyone inside the step: nobody is named.
+    text = diagnose(0, Phase("step", 5), {1: Phase("step", 5)}, now=now)
+    assert text == (
+        "tfdp-utils: step 5 stuck: worker 0 (this one) and worker 1 wait in the step (none is "
+        "named: every worker reached it; the wait is inside it, a collective or an op)"
+    )
+
+
+class MemoryStore:
+    """The coordination service's store: ``set`` refuses a key that exists."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, str] = {}
+        self.operations = 0
+        self.lock = threading.Lock()
+
+    def set(self, key: str, value: str) -> None:
+        with self.lock:
+            self.operations += 1
+            if key in self.values:
+                raise KeyError(key)
+            self.values[key] = value
+
+    def get(self, key: str, timeout_ms: int) -> str | None:
+        with self.lock:
+            self.operations += 1
+            return self.values.get(key)
+
+    def delete(self, key: str) -> None:
+        with self.lock:
+            self.operations += 1
+            self.values.pop(key, None)
+
+
+def _wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_board_overwrites_this_workers_key_and_reads_the_others():
+    store = MemoryStore()
+    boards = [PhaseBoard(store, worker=w, num_workers=3) for w in range(3)]
+    try:
+        boards[1].publish(Phase("step", 4, "", 1.0))
+        _wait_for(lambda: boards[1].published == 1)
+        boards[1].publish(Phase("callback", 4, "S.on_x", 2.0))
+        _wait_for(lambda: boards[1].published == 2)
+        assert boards[0].read() == {1: Phase("callback", 4, "S.on_x", 2.0), 2: None}
+    finally:
+        for board in boards:
+            board.close()
+
+
+def test_board_read_is_bounded_when_the_store_does_not_answer():
+    class Hanging(MemoryStore):
+        def get(self, key: str, timeout_ms: int) -> str | None:
+            time.sleep(30)
+            return None
+
+    board = PhaseBoard(Hanging(), worker=0, num_workers=2)
+    start = time.monotonic()
+    assert board.read(timeout=0.3) == {1: None}
+    assert time.monotonic() - start < 2
+
+
+def test_tracker_publishes_a_phase_once_it_lasted_an_interval_and_once_per_change(parked):
+    store = MemoryStore()
+    board = PhaseBoard(store, worker=1, num_workers=2)
+    times = iter(range(100, 200))
+    tracker = PhaseTracker(
+        board, in_call=in_tf, facts=lambda frame: StepFacts(3), clock=lambda: next(times)
+    )
+    frame = parked(CallbackList().on_train_batch_end)
+    try:
+        assert tracker.sample(frame) is None  # first seen: not yet an interval
+        phase = tracker.sample(frame)
+        assert phase == Phase("callback", 3, "Script.on_train_batch_end", 100.0)
+        for _ in range(5):  # unchanged: published once
+            tracker.sample(frame)
+        _wait_for(lambda: board.published == 1)
+        time.sleep(0.1)
+        assert board.published == 1
+        assert PhaseBoard(store, worker=0, num_workers=2).read() == {1: phase}
+    finally:
+        tracker.release()
+        board.close()
+
+
+def test_tracker_publishes_nothing_for_steps_shorter_than_the_interval():
+    store = MemoryStore()
+    board = PhaseBoard(store, worker=0, num_workers=2)
+    tracker = PhaseTracker(board, in_call=lambda frame: True, facts=lambda frame: StepFacts(1))
+
+    def one_step() -> FrameType:
+        return sys._getframe()  # a new frame per call, as a new TensorFlow call per step
+
+    for _ in range(50):
+        tracker.sample(one_step())
+    assert tracker.published is None and store.operations == 0
+    board.close()
+
+
+def test_tracker_rereads_the_input_clock_while_one_call_lasts(parked):
+    store = MemoryStore()
+    board = PhaseBoard(store, worker=0, num_workers=2)
+    facts = [StepFacts(11, input_waits_for=12)]
+    tracker = PhaseTracker(board, in_call=in_tf, facts=lambda frame: facts[0])
+    frame = _innermost_user_frame(parked(quick_execute), "quick_execute")
+    try:
+        tracker.sample(frame)
+        assert tracker.sample(frame) == Phase("input", 12, "", tracker.published.since)
+        facts[0] = StepFacts(11)  # the batch arrived; the step computes
+        assert tracker.sample(frame).kind == "step"
+        # The newest phase is the one written (an unwritten older one is replaced).
+        _wait_for(lambda: '"kind": "step"' in store.values.get("tfdp/phase/0", ""))
+    finally:
+        tracker.release()
+        board.close()
+
+
+def test_watchdog_message_names_the_stuck_peer(parked):
+    """Worker 0 waits in a TensorFlow call; worker 1 published 'in a callback'."""
+    store = MemoryStore()
+    peer = PhaseBoard(store, worker=1, num_workers=2)
+    peer.publish(Phase("callback", 3, "Script.on_train_batch_end", time.time()))
+    _wait_for(lambda: peer.published == 1)
+    peer.close()
+    frame = parked(quick_execute)
+    thread_id = next(i for i, f in sys._current_frames().items() if f is frame)
+    aborted: list[str] = []
+    board = PhaseBoard(store, worker=0, num_workers=2)
+    watchdog = CollectiveWatchdog(
+        1.0,
+        thread_id=thread_id,
+        interval=0.1,
+        abort=aborted.append,
+        in_call=lambda f: f.f_code.co_name in ("wait", "quick_execute"),
+        phases=lambda in_call: PhaseTracker(
+            board, in_call=in_call, facts=lambda frame: StepFacts(3)
+        ),
+    ).start()
+    del frame
+    try:
+        _wait_for(lambda: bool(aborted), timeout=10)
+    finally:
+        watchdog.stop()
+    first, _, rest = aborted[0].partition("\n")
+    assert re.fullmatch(
+        r"tfdp-utils: step 4 stuck: worker 1 is in a callback \(Script.on_train_batch_end\) "
+        r"after step 3 \(for 1 s\); worker 0 \(this one\) waits in the step's collective\.",
+        first,
+    )
+    assert "collective_timeout=1 s" in rest
+    # This worker published its own phase while it waited.
+    assert Phase.decode(store.values["tfdp/phase/0"]).kind == "step"
+
+
+def test_a_worker_stuck_outside_tensorflow_says_it_holds_the_others_up(parked, caplog):
+    store = MemoryStore()
+    peer = PhaseBoard(store, worker=0, num_workers=2)
+    peer.publish(Phase("step", 4, "", time.time()))
+    _wait_for(lambda: peer.published == 1)
+    peer.close()
+    frame = parked(CallbackList().on_train_batch_end)
+    thread_id = next(i for i, f in sys._current_frames().items() if f is frame)
+    del frame
+    board = PhaseBoard(store, worker=1, num_workers=2)
+    aborted: list[str] = []
+    with caplog.at_level("WARNING", logger="tfdp_utils"):
+        watchdog = CollectiveWatchdog(
+            0.6,
+            thread_id=thread_id,
+            interval=0.05,
+            abort=aborted.append,
+            in_call=in_tf,
+            phases=lambda in_call: PhaseTracker(
+                board, in_call=in_call, facts=lambda frame: StepFacts(3)
+            ),
+        ).start()
+        try:
+            _wait_for(lambda: "stuck" in caplog.text, timeout=10)
+            time.sleep(0.5)
+        finally:
+            watchdog.stop()
+    assert aborted == []  # not inside a TensorFlow call: it never aborts
+    told = [r.getMessage() for r in caplog.records if "stuck" in r.getMessage()]
+    assert len(told) == 1
+    assert re.fullmatch(
+        r"tfdp-utils: step 4 stuck: worker 1 \(this one\) is in a callback "
+        r"\(Script.on_train_batch_end\) after step 3 \(for [01] s\); worker 0 waits in the "
+        r"step's collective",
+        told[0],
+    )
