@@ -17,8 +17,10 @@ from typing import Any
 from tfdp_utils._tf import tf
 from tfdp_utils.cluster import _topology as topology
 from tfdp_utils.data import _info as dataset_info
+from tfdp_utils.data import _input_wait as input_wait
 from tfdp_utils.throughput._clock import PausableClock
 from tfdp_utils.throughput._counts import ExampleCounter
+from tfdp_utils.throughput._input_wait import InputWaitMeter
 from tfdp_utils.throughput._meter import ThroughputMeter, ThroughputWindow
 
 UNBOUNDED = 2**62
@@ -81,11 +83,13 @@ class FitData:
         static_batch: for a plain ``tf.data.Dataset`` whose every element has the same static
             first dimension (batched with ``drop_remainder=True``), that batch size; else None.
         position: where a resumed builder dataset starts (``PreemptionCheckpoint``), or None.
+        input_clock: the builder dataset's clock of waits for input, or None.
     """
 
     def __init__(self, x: Any) -> None:
         self.info = dataset_info.info_of(x)
         self.position = dataset_info.position_of_stream(x)
+        self.input_clock = input_wait.clock_of(x)
         self.kind = f"a {type(x).__name__}"
         self.static_batch = static_batch_size(x) if self.info is None else None
 
@@ -147,3 +151,21 @@ class FitState:
     # (clock seconds, step, examples) at the end of the epoch's first step: the epoch's figures
     # for Keras' logs run from here to its last step.
     epoch_mark: tuple[float, int, int] | None = None
+    # The share of each window spent waiting for input (a builder dataset's clock), or None
+    # when fit trains on other data; with several workers, each worker's shares so far.
+    input_wait: InputWaitMeter | None = None
+    input_wait_note: str | None = None  # why the share is unknown
+    worker_wait: dict[int, list[float]] = dataclasses.field(default_factory=dict)
+    last_worker_wait: dict[int, float] = dataclasses.field(default_factory=dict)
+
+    def pause(self, reason: str) -> None:
+        """Stop the clock (and the input-wait total with it) for ``reason``."""
+        self.clock.pause(reason)
+        if self.input_wait is not None:
+            self.input_wait.pause(reason)
+
+    def resume(self, reason: str) -> float:
+        """Release ``reason``; the seconds the clock stood still, if it restarts."""
+        if self.input_wait is not None:
+            self.input_wait.resume(reason)
+        return self.clock.resume(reason)

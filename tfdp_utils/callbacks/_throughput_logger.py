@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import math
 import os
+import statistics
 import sys
 import threading
 import time
@@ -45,6 +46,7 @@ from tfdp_utils.data._info import DatasetInfo
 from tfdp_utils.throughput import _tags as tags
 from tfdp_utils.throughput._clock import PausableClock
 from tfdp_utils.throughput._counts import ExampleCounter, even_split
+from tfdp_utils.throughput._input_wait import InputWaitMeter, straggler, verdict
 from tfdp_utils.throughput._meter import ThroughputMeter, ThroughputWindow, spread, window_plan
 from tfdp_utils.throughput._tags import GLOBAL_RUN, replica_run, worker_run
 from tfdp_utils.training import _accumulation as accumulation
@@ -295,6 +297,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
             exact=exact,
             derived_reason=derived_reason,
         )
+        self._start_input_wait(fit)
         meter.update(step=origin, time=fit.clock.now(), replica_examples=counter.counts)
         fit.next_log = fit.next_check = origin + (warmup or every)
         self._fit = fit
@@ -315,6 +318,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
                 multi_worker=placement.position.is_multi_worker,
                 flops=mfu,
                 memory=bool(placement.memory_devices),
+                input_wait=fit.input_wait is not None,
             )
             self._writers.layout(GLOBAL_RUN, job)
         # The starting count; also pays the first summary write's one-off setup cost here
@@ -323,6 +327,19 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         # From here to the end of the first step is the first epoch's start (tf_keras builds
         # the iterator now; the first step traces).
         self._start_epoch_boundary(fit)
+
+    def _start_input_wait(self, fit: FitState) -> None:
+        """Measure the share of time spent waiting for input, where the data allows it."""
+        data = self._fit_data
+        clock = None if data is None else data.input_clock
+        if clock is None:
+            what = "the data fit trains on" if data is None else data.kind
+            fit.input_wait_note = (
+                f"unknown: fit trains on {what}; the wait for input is measured inside the "
+                "step for datasets from tfdp_utils.build_distributed_dataset only"
+            )
+            return
+        fit.input_wait = InputWaitMeter(lambda: clock.progress().waited_seconds)
 
     def _planned_steps(self) -> int | None:
         params = getattr(self, "params", None) or {}
@@ -343,7 +360,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         """Stop the clock (once per boundary) and note where the counters stand."""
         if fit.clock.held(_EPOCH_START):
             return
-        fit.clock.pause(_EPOCH_START)
+        fit.pause(_EPOCH_START)
         fit.boundary_from = (fit.counter.counted_step, tuple(fit.counter.counts))
 
     def _end_epoch_boundary(self, fit: FitState) -> None:
@@ -357,7 +374,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         )
         # Validation inside the boundary is left out of every rate too, but is no part of the
         # epoch's start.
-        seconds = max(0.0, fit.clock.resume(_EPOCH_START) - fit.validation_in_boundary)
+        seconds = max(0.0, fit.resume(_EPOCH_START) - fit.validation_in_boundary)
         fit.validation_in_boundary = 0.0
         fit.epoch_starts.append(seconds)
         fit.epoch_mark = (fit.clock.now(), step, sum(fit.counter.counts))
@@ -472,14 +489,14 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         fit = self._fit
         if fit is not None:
             with self._lock:
-                fit.clock.pause("validation")
+                fit.pause("validation")
                 fit.validation_started = time.perf_counter()
 
     def on_test_end(self, logs: Mapping[str, Any] | None = None) -> None:
         fit = self._fit
         if fit is not None:
             with self._lock:
-                fit.clock.resume("validation")
+                fit.resume("validation")
                 started, fit.validation_started = fit.validation_started, None
                 if started is not None and fit.clock.held(_EPOCH_START):
                     fit.validation_in_boundary += time.perf_counter() - started
@@ -535,17 +552,29 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         fit.counter.count_to(step)
         was_warm = fit.meter.warmed_up
         window = fit.meter.update(step=step, time=now, replica_examples=fit.counter.counts)
+        share = self._window_wait(fit, window if was_warm else None)
         # From the host-side estimate, not the read step, so every worker takes the same
         # log points (their collectives must match).
         fit.next_log = estimate + fit.log_every_n_steps
         if not was_warm:
             self._write_counts(fit, step)
             return
-        rates = self._gather_worker_rates(fit, window.steps_per_sec if window else math.nan)
+        rates = self._gather_workers(fit, window.steps_per_sec if window else math.nan, share)
         if window is None:
             return
         fit.last_window = window
-        self._write_window(fit, window, rates)
+        self._write_window(fit, window, rates, share)
+
+    @staticmethod
+    def _window_wait(fit: FitState, window: ThroughputWindow | None) -> float:
+        """The input-wait share of ``window`` (NaN when unknown); None starts a new window."""
+        meter = fit.input_wait
+        if meter is None:
+            return math.nan
+        if window is None:
+            meter.mark()
+            return math.nan
+        return meter.window(window.seconds)
 
     def bind_fit_data(self, x: Any) -> None:
         """Receive the data of the ``fit`` call this logger is a callback of (None after it).
@@ -572,12 +601,13 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
             self._write_counts(fit, final)
             return
         window = fit.meter.update(step=final, time=now, replica_examples=fit.counter.counts)
-        rates = self._gather_worker_rates(fit, window.steps_per_sec if window else math.nan)
+        share = self._window_wait(fit, window)
+        rates = self._gather_workers(fit, window.steps_per_sec if window else math.nan, share)
         if window is None:
             self._write_counts(fit, final)
             return
         fit.last_window = window
-        self._write_window(fit, window, rates)
+        self._write_window(fit, window, rates, share)
 
     def _count_source(self, placement: Placement) -> tuple[DatasetInfo | None, str]:
         """The dataset layout to count with, and where it comes from, in words.
@@ -721,17 +751,24 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
             "build_distributed_dataset gives exact counts)"
         )
 
-    def _gather_worker_rates(self, fit: FitState, local_rate: float) -> list[float] | None:
+    def _gather_workers(
+        self, fit: FitState, local_rate: float, local_wait: float
+    ) -> list[tuple[float, float]] | None:
+        """Every worker's (steps/s, input-wait share) of this window, by worker index.
+
+        One gather at a log point (all workers take the same log points); None with one worker.
+        """
         position = fit.placement.position
         if not position.is_multi_worker:
             return None
         strategy = fit.placement.strategy
         value = strategy.experimental_distribute_values_from_function(
-            lambda _ctx: tf.constant([local_rate], tf.float64)
+            lambda _ctx: tf.constant([[local_rate, local_wait]], tf.float64)
         )
         gathered = strategy.gather(value, axis=0).numpy().tolist()
         per_worker = len(gathered) // max(1, position.num_workers)
-        return [float(gathered[w * per_worker]) for w in range(position.num_workers)]
+        found = [gathered[w * per_worker] for w in range(position.num_workers)]
+        return [(float(rate), float(wait)) for rate, wait in found]
 
     # ------------------------------------------------------------------ writing
 
@@ -752,16 +789,28 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
                 self._put(replica_run(k), tags.EXAMPLES, counter.counts[k], step, counted=counted)
 
     def _write_window(
-        self, fit: FitState, window: ThroughputWindow, worker_rates: list[float] | None
+        self,
+        fit: FitState,
+        window: ThroughputWindow,
+        workers: list[tuple[float, float]] | None,
+        share: float,
     ) -> None:
         position = fit.placement.position
         timing = tags.window_timing(fit.log_every_n_steps)
         self._write_counts(fit, window.step)
+        if workers:
+            waits = {w: wait for w, (_, wait) in enumerate(workers)}
+            fit.last_worker_wait = waits
+            for w, wait in waits.items():
+                fit.worker_wait.setdefault(w, []).append(wait)
         if position.is_chief:
             self._write_global(window, timing, tags.step_unit(fit.accumulation_steps))
-            if worker_rates:
-                fit.last_spread = spread(worker_rates)
+            if workers:
+                fit.last_spread = spread([rate for rate, _ in workers])
                 self._write_spread(fit.last_spread, window.step)
+            job_wait = max(fit.last_worker_wait.values()) if workers else share
+            if job_wait == job_wait:  # not NaN: measured
+                self._put(GLOBAL_RUN, tags.INPUT_WAIT_SHARE, job_wait, window.step, timing=timing)
         if position.is_multi_worker:
             run = worker_run(position.index)
             local = sum(window.replica_examples_per_sec[k] for k in position.local_replicas)
@@ -774,6 +823,8 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
                 steps=tags.step_unit(fit.accumulation_steps),
             )
             self._put(run, tags.EXAMPLES_PER_SEC, local, window.step, timing=timing)
+            if share == share:
+                self._put(run, tags.INPUT_WAIT_SHARE, share, window.step, timing=timing)
         if self.per_replica:
             self._write_replicas(fit, window, timing)
 
@@ -856,6 +907,29 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
             result["worker_steps_per_sec"] = {"min": low, "max": high, "skew": skew}
         if fit.peak_memory:
             result["peak_memory_bytes"] = {str(k): v for k, v in fit.peak_memory.items()}
+        result.update(self._input_wait_summary(fit))
+        return result
+
+    @staticmethod
+    def _input_wait_summary(fit: FitState) -> dict[str, Any]:
+        meter = fit.input_wait
+        share = None if meter is None else meter.share
+        result: dict[str, Any] = {"input_wait_share": share}
+        if meter is None:
+            result["input_wait_note"] = fit.input_wait_note
+        elif share is None:
+            result["input_wait_note"] = "no window was measured after warm-up"
+        if fit.worker_wait:
+            shares = {
+                w: statistics.fmean(v) if all(x == x for x in v) else math.nan
+                for w, v in sorted(fit.worker_wait.items())
+            }
+            result["worker_input_wait_share"] = [None if s != s else s for s in shares.values()]
+            named = straggler(shares)
+            result["straggler"] = None if named is None else dataclasses.asdict(named)
+            result["input_wait_verdict"] = verdict(shares)
+        elif share is not None:
+            result["input_wait_verdict"] = verdict({fit.placement.position.index: share})
         return result
 
     def summary(self) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tfdp_utils.compat import _changes as compat_changes
+from tfdp_utils.data import _input_wait as input_wait
 from tfdp_utils.data._info import DatasetInfo
 from tfdp_utils.data._sharding import ShardingPlan
 
@@ -52,17 +53,31 @@ def _steps_cardinality(fget: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return cardinality
 
 
+def _timed_iter(base_iter: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``__iter__`` returning an iterator that times its waits for input (``InputClock``)."""
+
+    def __iter__(self: Any) -> Any:
+        iterator = base_iter(self)
+        clock = input_wait.clock_of(self)
+        return iterator if clock is None else input_wait.timed_iterator(iterator, clock)
+
+    return __iter__
+
+
 def _steps_class(base: type) -> type:
-    """A same-named subclass of ``base`` whose ``cardinality`` counts steps, or ``base``."""
+    """A same-named subclass of ``base`` whose ``cardinality`` counts steps and whose
+    iterators time their waits for input, or ``base``."""
     cls = _STEP_CLASSES.get(base)
     if cls is None:
+        namespace: dict[str, Any] = {"__module__": __name__}
         base_cardinality = inspect.getattr_static(base, "cardinality", None)
-        if not isinstance(base_cardinality, property) or base_cardinality.fget is None:
+        if isinstance(base_cardinality, property) and base_cardinality.fget is not None:
+            namespace["cardinality"] = property(_steps_cardinality(base_cardinality.fget))
+        base_iter = getattr(base, "__iter__", None)
+        if callable(base_iter):
+            namespace["__iter__"] = _timed_iter(base_iter)
+        if len(namespace) == 1:
             return base
-        namespace: dict[str, Any] = {
-            "cardinality": property(_steps_cardinality(base_cardinality.fget)),
-            "__module__": __name__,
-        }
         # Same name, so that code matching on the class name (Keras' data adapters walk
         # the MRO for "DistributedDatasetsFromFunction") still recognises it.
         cls = type(base.__name__, (base,), namespace)
@@ -70,10 +85,18 @@ def _steps_class(base: type) -> type:
     return cls
 
 
+def _host_device(dist: Any) -> str | None:
+    """This worker's input device (where tf.distribute runs the input pipeline)."""
+    workers = getattr(dist, "_input_workers", None)
+    devices = getattr(workers, "worker_devices", None) or ()
+    return str(devices[0]) if devices else None
+
+
 def attach(dist: Any, info: DatasetInfo, plan: ShardingPlan) -> Any:
     """``dist`` with ``tfdp_info`` and ``tfdp_plan`` set and its epoch's step count."""
     dist.tfdp_info = info
     dist.tfdp_plan = plan
+    dist.tfdp_input_clock = input_wait.InputClock(_host_device(dist))
     # fit/evaluate/predict check the dataset and hand it to callbacks; on tf_keras they also
     # take the epoch's steps from tfdp_info, as Keras 3 does.
     compat_changes.prepare_for_datasets(applied_by=_BUILDER)

@@ -25,11 +25,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from tfdp_utils.throughput import _export
+from tfdp_utils.throughput._input_wait import straggler, verdict
 from tfdp_utils.throughput._tags import (
     COUNTS,
     EXAMPLES,
     EXAMPLES_PER_SEC,
     GLOBAL_RUN,
+    INPUT_WAIT_SHARE,
     MEMORY_PEAK_BYTES,
     STEPS_PER_SEC,
     WORKER_SKEW,
@@ -39,7 +41,14 @@ from tfdp_utils.throughput._tags import (
     replica_run,
 )
 
-_TAGS = (EXAMPLES_PER_SEC, STEPS_PER_SEC, EXAMPLES, WORKER_SKEW, MEMORY_PEAK_BYTES)
+_TAGS = (
+    EXAMPLES_PER_SEC,
+    STEPS_PER_SEC,
+    EXAMPLES,
+    WORKER_SKEW,
+    MEMORY_PEAK_BYTES,
+    INPUT_WAIT_SHARE,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,6 +245,7 @@ def summarize(runs: dict[str, RunSeries]) -> dict[str, Any]:
             "steps_per_sec": _stats(run.values(STEPS_PER_SEC)),
             "examples": int(examples[-1][1]) if examples else None,
             "last_step": max((s for s, _ in examples + rates), default=None),
+            "input_wait_share": _stats(run.values(INPUT_WAIT_SHARE)),
         }
         peak = run.values(MEMORY_PEAK_BYTES)
         if peak:
@@ -264,6 +274,8 @@ def summarize(runs: dict[str, RunSeries]) -> dict[str, Any]:
         if kind(n) == "worker" and e["steps_per_sec"]
     }
     skews = [v for run in runs.values() for v in run.values(WORKER_SKEW)]
+    waits = _input_waits(per_run)
+    named = straggler(waits)
     cut_short = {n: e["cut_short"] for n, e in per_run.items() if e["cut_short"]}
     derived = {n: e["counts_note"] for n, e in per_run.items() if e["counts"] == "derived"}
     return {
@@ -274,12 +286,32 @@ def summarize(runs: dict[str, RunSeries]) -> dict[str, Any]:
             "count": max(1, len(workers)),
             "median_steps_per_sec": workers,
             "median_skew": statistics.median(skews) if skews else None,
+            "median_input_wait_share": {f"worker_{w}": s for w, s in waits.items()},
+        },
+        "input": {
+            "verdict": verdict(waits) if waits else None,
+            "straggler": None if named is None else dataclasses.asdict(named),
         },
         "complete": not cut_short,
         "cut_short": cut_short,
         "exact": None if not derived and not _any_note(per_run) else not derived,
         "derived": derived,
     }
+
+
+def _input_waits(per_run: dict[str, Any]) -> dict[int, float]:
+    """Each worker's median input-wait share: from its ``worker_<w>`` run, or the global run's
+    for a job of one worker (keyed by worker index)."""
+    found: dict[int, float] = {}
+    for name, entry in per_run.items():
+        parsed, share = parse_run(name), entry["input_wait_share"]
+        if parsed is not None and parsed[0] == "worker" and share and parsed[1] is not None:
+            found[parsed[1]] = share["median"]
+    if not found:
+        for name, entry in per_run.items():
+            if parse_run(name) == ("global", None) and entry["input_wait_share"]:
+                found[0] = entry["input_wait_share"]["median"]
+    return found
 
 
 def _counts_entry(run: RunSeries) -> dict[str, Any]:
@@ -358,6 +390,7 @@ def format_table(summary: dict[str, Any]) -> str:
         "max ex/s",
         "steps/s",
         "examples",
+        "input wait",
         "note",
     )
     rows = [header]
@@ -376,6 +409,9 @@ def format_table(summary: dict[str, Any]) -> str:
                 _fmt(rates.get("max")),
                 _fmt(steps.get("median")),
                 "-" if entry["examples"] is None else f"{entry['examples']:,}",
+                "-"
+                if not entry.get("input_wait_share")
+                else (f"{entry['input_wait_share']['median']:.0%}"),
                 ", ".join(marks) or "-",
             )
         )
@@ -401,6 +437,9 @@ def format_table(summary: dict[str, Any]) -> str:
         lines.append(f"workers: {workers['count']} ({rates} steps/s); median skew {skew_text}")
     else:
         lines.append("workers: 1")
+    input_verdict = summary.get("input", {}).get("verdict")
+    if input_verdict:
+        lines.append(f"{input_verdict} (median over windows)")
     for name, reasons in summary.get("cut_short", {}).items():
         lines.append(f"CUT SHORT {name}: {'; '.join(reasons)}")
     derived = summary.get("derived", {})
@@ -440,7 +479,15 @@ def plot(runs: dict[str, RunSeries], path: str, summary: dict[str, Any] | None =
             "tfdp-utils report --plot needs matplotlib; install it with "
             "pip install 'tfdp-utils[report]'."
         ) from exc
-    figure, axes = plt.subplots(figsize=(9, 5))
+    waits = {
+        n: r.series[INPUT_WAIT_SHARE] for n, r in runs.items() if r.series.get(INPUT_WAIT_SHARE)
+    }
+    if waits:
+        figure, (axes, wait_axes) = plt.subplots(
+            2, 1, figsize=(9, 7.5), sharex=True, height_ratios=(2, 1)
+        )
+    else:
+        figure, axes = plt.subplots(figsize=(9, 5))
     try:
         for name, run in runs.items():
             points = run.series.get(EXAMPLES_PER_SEC, [])
@@ -455,8 +502,11 @@ def plot(runs: dict[str, RunSeries], path: str, summary: dict[str, Any] | None =
                     label=legend_label(name, entry, points[-1][0]),
                     marker="." if len(points) < 50 else None,
                 )
-        axes.set_xlabel("optimizer step")
         axes.set_ylabel("examples / second")
+        if not waits:
+            axes.set_xlabel("optimizer step")
+        else:
+            _plot_waits(wait_axes, waits, (summary or {}).get("input", {}).get("verdict"))
         title = "Throughput per run (epoch boundaries left out of every window)"
         if summary and summary.get("cut_short"):
             title += "\nruns cut short: " + ", ".join(summary["cut_short"])
@@ -469,6 +519,21 @@ def plot(runs: dict[str, RunSeries], path: str, summary: dict[str, Any] | None =
         figure.savefig(path, dpi=100, format="png")
     finally:
         plt.close(figure)
+
+
+def _plot_waits(axes: Any, waits: dict[str, list[tuple[int, float]]], title: str | None) -> None:
+    """The lower panel: each run's input-wait share per window."""
+    for name, points in waits.items():
+        steps, values = zip(*points, strict=True)
+        axes.plot(
+            steps, [100 * v for v in values], label=name, marker="." if len(points) < 50 else None
+        )
+    axes.set_ylim(0, 100)
+    axes.set_xlabel("optimizer step")
+    axes.set_ylabel("waiting for input (%)")
+    axes.set_title(title or "input wait share", fontsize="medium")
+    axes.grid(True, alpha=0.3)
+    axes.legend(loc="best", fontsize="small")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -78,6 +78,7 @@ WORKER_STEPS_PER_SEC_MIN = "throughput/worker_steps_per_sec_min"
 WORKER_STEPS_PER_SEC_MAX = "throughput/worker_steps_per_sec_max"
 WORKER_SKEW = "throughput/worker_skew"
 EPOCH_START_SECONDS = "throughput/epoch_start_seconds"
+INPUT_WAIT_SHARE = "input/wait_share"
 MEMORY_CURRENT_BYTES = "memory/current_bytes"
 MEMORY_PEAK_BYTES = "memory/peak_bytes"
 
@@ -142,6 +143,19 @@ SCHEMA: tuple[TagSpec, ...] = (
         "Measured: seconds from the end of the previous epoch (or from train begin) to this "
         "epoch's first step on this host: the input iterator's rebuild and prefetch, and "
         "other callbacks' epoch-end work. Left out of every window's rate.",
+    ),
+    TagSpec(
+        "global",
+        INPUT_WAIT_SHARE,
+        "Measured: share of the window's time the training loop waited for its next batch "
+        "(timed inside the step, this worker's own pipeline only), {timing}. With several "
+        "workers, the largest worker's share: the worker the others wait for.",
+    ),
+    TagSpec(
+        "worker",
+        INPUT_WAIT_SHARE,
+        "Measured: share of the window's time this worker's training loop waited for its "
+        "next batch from its own pipeline (waits for other workers left out), {timing}.",
     ),
     TagSpec("worker", STEPS_PER_SEC, "Measured: this worker's {steps} per second {timing}."),
     TagSpec(
@@ -269,18 +283,24 @@ _SKEW = Chart("worker skew", (f"^{WORKER_SKEW}$",))
 _TRAINED = Chart("examples trained", (f"^{EXAMPLES}$",))
 _EPOCH_STARTS = Chart("epoch start (s)", (f"^{EPOCH_START_SECONDS}$",))
 _MFU = Chart("MFU", (f"^{MFU}$",))
+_INPUT_WAIT = Chart("input wait share: global and workers", (f"^{INPUT_WAIT_SHARE}$",))
 _MEMORY = Category("memory", (Chart("device memory per replica", (r"^memory/.*_bytes$",)),), True)
 
 
-def layout(*, multi_worker: bool, flops: bool, memory: bool) -> tuple[Category, ...]:
+def layout(
+    *, multi_worker: bool, flops: bool, memory: bool, input_wait: bool = False
+) -> tuple[Category, ...]:
     """The dashboard for one job: only the charts that job's runs will have data for.
 
     Args:
         multi_worker: whether several workers train (worker spread and skew charts).
         flops: whether FLOPs figures were given (the MFU chart).
         memory: whether some replica's device reports memory (the memory section).
+        input_wait: whether the input-wait share is measured (its chart).
     """
     charts = [_EXAMPLES_RATE, _STEPS_RATE]
+    if input_wait:
+        charts.append(_INPUT_WAIT)
     if multi_worker:
         charts += [_SPREAD, _SKEW]
     charts += [_TRAINED, _EPOCH_STARTS]
@@ -292,6 +312,6 @@ def layout(*, multi_worker: bool, flops: bool, memory: bool) -> tuple[Category, 
     return tuple(categories)
 
 
-LAYOUT: tuple[Category, ...] = layout(multi_worker=True, flops=True, memory=True)
+LAYOUT: tuple[Category, ...] = layout(multi_worker=True, flops=True, memory=True, input_wait=True)
 """Every chart of the dashboard; the chief writes :func:`layout` for its job into the global
 run (the plugin reads it there)."""
