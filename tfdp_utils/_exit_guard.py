@@ -69,6 +69,7 @@ DEFAULT_GRACE = 8.0
 ExceptHook = Callable[[type[BaseException], BaseException, TracebackType | None], Any]
 
 _lock = threading.Lock()
+_before_traceback: list[Callable[[BaseException], str | None]] = []
 _registered = False
 _armed = False
 _status: int | None = None
@@ -200,14 +201,39 @@ def _interrupt_main_soon() -> None:
     _thread.interrupt_main(signal.SIGINT)
 
 
+def before_traceback(explain: Callable[[BaseException], str | None]) -> None:
+    """Have ``explain(error)``'s line (when not None) printed before an uncaught error's traceback.
+
+    The collective watchdog uses it: a step that a peer held up and that ended by the
+    collective's own failure gets the line that names that peer.
+    """
+    with _lock:
+        if explain not in _before_traceback:
+            _before_traceback.append(explain)
+
+
+def _explain(error: BaseException) -> None:
+    for explain in list(_before_traceback):
+        try:
+            line = explain(error)
+        except Exception:  # an explanation must never hide the error itself
+            line = None
+        if line:
+            print(line, file=sys.stderr, flush=True)
+
+
 def make_excepthook(previous: ExceptHook) -> ExceptHook:
-    """A ``sys.excepthook`` that calls ``previous`` (which prints), then records the status."""
+    """A ``sys.excepthook`` that calls ``previous`` (which prints), then records the status.
+
+    Lines registered with :func:`before_traceback` are printed first.
+    """
 
     def excepthook(
         error_type: type[BaseException], error: BaseException, tb: TracebackType | None
     ) -> Any:
         global _status
         try:
+            _explain(error)
             return previous(error_type, error, tb)
         finally:
             _status = status_for(error_type)

@@ -74,6 +74,8 @@ print(f"FIT {time.time()}", flush=True)
 try:
     model.fit(dist, epochs=1, steps_per_epoch=400, callbacks=callbacks, verbose=0)
 except Exception as exc:
+    if os.environ.get("UNCAUGHT"):
+        raise
     print("FAILED " + json.dumps({"time": time.time(), "type": type(exc).__name__,
                                   "message": str(exc)[:4000]}), flush=True)
     sys.exit(3)
@@ -88,17 +90,19 @@ def _line(out: str, tag: str) -> dict:
     raise AssertionError(f"no {tag} line in output:\n{out[-3000:]}")
 
 
+def _start(mode: str, at: int, bound: float = BOUND, **extra: str) -> list[Process]:
+    ports = [free_port(), free_port()]
+    env = {"MODE": mode, "AT": str(at), "CT": str(bound), "TF_CPP_MIN_LOG_LEVEL": "2", **extra}
+    return [start_python(SCRIPT, env={**env, "TF_CONFIG": tf_config(ports, i)}) for i in range(2)]
+
+
 def _run(mode: str, at: int) -> tuple[int, str, str, str, str]:
     """Start 2 workers; wait (bounded) for worker 0 to end and worker 1 to say it is stuck.
 
     Returns worker 0's status, stdout and stderr, and worker 1's stdout and stderr (it is
     killed at the end: it would wait forever).
     """
-    ports = [free_port(), free_port()]
-    env = {"MODE": mode, "AT": str(at), "CT": str(BOUND), "TF_CPP_MIN_LOG_LEVEL": "2"}
-    processes: list[Process] = [
-        start_python(SCRIPT, env={**env, "TF_CONFIG": tf_config(ports, i)}) for i in range(2)
-    ]
+    processes = _start(mode, at)
     try:
         deadline = time.monotonic() + 150
         ended_at = None
@@ -192,3 +196,37 @@ def test_worker_whose_input_blocks_is_named_with_input_and_the_step():
         r"\(for \d+ s\); worker 0 waits in the step's collective",
         told,
     ), told
+
+
+def test_a_step_ended_by_the_collectives_own_failure_names_the_stuck_worker_too():
+    """Worker 1, stuck in a callback, is killed before worker 0's bound: TensorFlow fails
+    worker 0's collective itself (UnavailableError), and the line read at half the bound is
+    printed before the uncaught error's traceback."""
+    at, bound = 3, 20.0
+    processes = _start("callback", at, bound, UNCAUGHT="1")
+    try:
+        deadline = time.monotonic() + 150
+        # Worker 1 says it holds worker 0 up at half the bound; worker 0 has read it by then.
+        while "stuck:" not in processes[1].stderr():
+            assert time.monotonic() < deadline, processes[1].tail()
+            assert processes[0].poll() is None, processes[0].tail()
+            time.sleep(0.2)
+        time.sleep(1.5)  # worker 0 samples once a second
+        processes[1].kill()
+        while processes[0].poll() is None:
+            assert time.monotonic() < deadline, processes[0].tail()
+            time.sleep(0.2)
+        rc0, err0 = processes[0].popen.returncode, processes[0].stderr()
+    finally:
+        for process in processes:
+            process.close()
+    assert rc0 == 1, err0[-4000:]
+    assert "DeadlineExceededError" not in err0  # the watchdog did not fire: TensorFlow failed it
+    told = _diagnosis(err0)
+    assert re.fullmatch(
+        rf"tfdp-utils: step {at + 1} stuck: worker 1 is in a callback "
+        rf"\(Stall\.on_train_batch_end\) after step {at} \(for \d+ s\); worker 0 \(this one\) "
+        r"waits in the step's collective",
+        told,
+    ), err0[-4000:]
+    assert err0.index(told) < err0.index("Traceback (most recent call last)")

@@ -435,3 +435,69 @@ def test_a_worker_stuck_outside_tensorflow_says_it_holds_the_others_up(parked, c
         r"step's collective",
         told[0],
     )
+
+
+class TensorFlowError(Exception):
+    """Stands for a ``tf.errors.OpError`` (its module is TensorFlow's)."""
+
+
+TensorFlowError.__module__ = "tensorflow.python.framework.errors_impl"
+
+
+def test_a_call_that_fails_on_its_own_after_half_the_bound_is_explained(parked):
+    """The diagnosis is read at half the bound; a TensorFlow error after the call gets it."""
+    store = MemoryStore()
+    peer = PhaseBoard(store, worker=1, num_workers=2)
+    peer.publish(Phase("callback", 3, "Script.on_train_batch_end", time.time()))
+    _wait_for(lambda: peer.published == 1)
+    peer.close()
+    release = threading.Event()
+
+    def train() -> None:
+        quick_execute(release)  # the collective, until a peer's failure ends it
+        time.sleep(0.5)  # the error travels up to the program
+
+    thread = threading.Thread(target=train, daemon=True)
+    thread.start()
+    board = PhaseBoard(store, worker=0, num_workers=2)
+    aborted: list[str] = []
+    watchdog = CollectiveWatchdog(
+        2.0,
+        thread_id=thread.ident,
+        interval=0.05,
+        abort=aborted.append,
+        in_call=lambda f: f.f_code.co_name in ("wait", "quick_execute"),
+        phases=lambda in_call: PhaseTracker(
+            board, in_call=in_call, facts=lambda frame: StepFacts(3)
+        ),
+    ).start()
+    try:
+        _wait_for(lambda: watchdog.prepared is not None)
+        release.set()
+        thread.join(5)
+    finally:
+        watchdog.stop()
+    assert aborted == [] and watchdog.fired is None
+    line = watchdog.explain(TensorFlowError("collective failed"))
+    assert line is not None and line.startswith(
+        "tfdp-utils: step 4 stuck: worker 1 is in a callback (Script.on_train_batch_end)"
+    )
+    assert watchdog.explain(ValueError("not TensorFlow's")) is None
+
+
+def test_lines_registered_before_the_traceback_are_printed_first(capsys):
+    from tfdp_utils import _exit_guard
+
+    hook = _exit_guard.make_excepthook(lambda t, e, tb: print("Traceback", file=sys.stderr))
+
+    def explain(error: BaseException) -> str | None:
+        return "tfdp-utils: step 4 stuck: ..." if isinstance(error, TensorFlowError) else None
+
+    _exit_guard.before_traceback(explain)
+    try:
+        hook(TensorFlowError, TensorFlowError("x"), None)
+        hook(ValueError, ValueError("y"), None)
+    finally:
+        _exit_guard._before_traceback.remove(explain)
+        _exit_guard._status = None
+    assert capsys.readouterr().err == "tfdp-utils: step 4 stuck: ...\nTraceback\nTraceback\n"

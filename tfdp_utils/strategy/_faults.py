@@ -64,6 +64,14 @@ def _stop_running_watchdogs() -> None:
         watchdog.stop()
 
 
+def _explain_uncaught(error: BaseException) -> str | None:
+    for watchdog in list(_RUNNING):
+        line = watchdog.explain(error)
+        if line:
+            return line
+    return None
+
+
 def resolve_collective_timeout(
     value: float | None, environ: dict[str, str] | None = None
 ) -> float | None:
@@ -174,6 +182,9 @@ class CollectiveWatchdog:
         self._thread: threading.Thread | None = None
         self.fired: str | None = None
         """The message, once the watchdog has aborted collectives; None before."""
+        self.prepared: str | None = None
+        """The diagnosis read when the last long call had waited half the bound, or None."""
+        self._prepared_ended: float | None = None
 
     def start(self) -> CollectiveWatchdog:
         """Start sampling in a daemon thread; returns self."""
@@ -183,6 +194,10 @@ class CollectiveWatchdog:
             )
             self._thread.start()
             _RUNNING.add(self)
+            if self._phases is not None:
+                from tfdp_utils import _exit_guard
+
+                _exit_guard.before_traceback(_explain_uncaught)
         return self
 
     def stop(self) -> None:
@@ -195,6 +210,22 @@ class CollectiveWatchdog:
     @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
+
+    def explain(self, error: BaseException) -> str | None:
+        """The diagnosis for ``error`` that ended a long call, when the watchdog did not fire.
+
+        A TensorFlow error within a minute of a call that waited half the bound (or during
+        it): the collective failed on its own (a peer aborted, exited or was killed) while
+        this worker waited.
+        """
+        if self.fired or not self.prepared:
+            return None
+        if not type(error).__module__.startswith("tensorflow"):
+            return None
+        ended = self._prepared_ended
+        if ended is not None and time.monotonic() - ended > 60:
+            return None
+        return self.prepared
 
     def _run(self) -> None:
         try:
@@ -239,6 +270,7 @@ class CollectiveWatchdog:
         held_lasti = -1
         since = 0.0
         progress: WaitProgress | None = None
+        prepared = False  # for the held call
         while not self._stop.wait(self.interval):
             frame = sys._current_frames().get(self.thread_id)
             if frame is None:
@@ -246,12 +278,19 @@ class CollectiveWatchdog:
             now = time.monotonic()
             self._track(frame)
             if not self._in_call(frame):
+                if held is not None and prepared:
+                    self._prepared_ended = now
                 held = frame = None
                 continue
             if frame is held and frame.f_lasti == held_lasti:
                 waited = now - since
                 if progress is not None:
                     progress.tick()
+                if waited >= self.timeout / 2 and not prepared and self._phases is not None:
+                    # Read while every peer and the service are still there: if the step
+                    # ends by the collective's own failure first, this is what is said.
+                    prepared = True
+                    self.prepared, self._prepared_ended = self._diagnosis(frame), None
                 if waited >= self.timeout:
                     where = (
                         f"{frame.f_code.co_name} in {os.path.basename(frame.f_code.co_filename)}"
@@ -266,7 +305,9 @@ class CollectiveWatchdog:
                     self._abort(message)
                     return
             else:
-                held, held_lasti, since = frame, frame.f_lasti, now
+                if held is not None and prepared:
+                    self._prepared_ended = now
+                held, held_lasti, since, prepared = frame, frame.f_lasti, now, False
                 progress = WaitProgress(
                     "one multi-worker call (a peer, or a slow step, first trace or save)",
                     bound=self.timeout,
