@@ -253,7 +253,7 @@ def test_weights_optimizer_state_and_metrics_are_as_before(trained: bool) -> Non
         before_metrics = None
     before = _state(model) if trained else [np.array(w.numpy()) for w in model.weights]
     report = tdu.diagnose_input(model, dataset, steps=3)
-    assert report.steps == (3, 3, 3)
+    assert report.steps[0] >= 3 and report.steps[1:] == (3, 3)
     if trained:
         after = _state(model)
         assert len(after) == len(before)

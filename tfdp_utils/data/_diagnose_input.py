@@ -48,6 +48,11 @@ WARMUP_STEPS = 2
 MIN_TIMED_STEPS = 2
 """Steps each phase times even past its share of the budget."""
 
+MIN_INPUT_SECONDS = 0.5
+"""The input alone is timed for at least this long (within its budget), past ``steps`` if
+need be: a pipeline's buffers (prefetch, parallel calls in flight) hand out what they made
+during the warm-up at once, and would make a short window look faster than the pipeline."""
+
 MAX_TIMED_STAGES = 8
 """Stages of the pipeline timed alone, at most."""
 
@@ -376,15 +381,25 @@ class _Feed:
 
 
 def _timed(
-    step: Callable[[], int], *, steps: int, deadline: float | None, warmup: int = WARMUP_STEPS
+    step: Callable[[], int],
+    *,
+    steps: int,
+    deadline: float | None,
+    warmup: int = WARMUP_STEPS,
+    min_seconds: float = 0.0,
 ) -> Rate:
-    """Run ``step`` (it returns the examples it handled) ``warmup`` times, then time up to
-    ``steps`` calls, stopping at ``deadline`` (None: never) after :data:`MIN_TIMED_STEPS`."""
+    """Run ``step`` (it returns the examples it handled) ``warmup`` times, then time ``steps``
+    calls (more while under ``min_seconds``), stopping at ``deadline`` (None: never, and then
+    exactly ``steps``) after :data:`MIN_TIMED_STEPS`."""
     for _ in range(warmup):
         step()
     cpu, start = _cpu_seconds(), time.perf_counter()
+    if deadline is not None:
+        min_seconds = min(min_seconds, max(0.0, deadline - start))
+    else:
+        min_seconds = 0.0
     examples = done = 0
-    while done < steps:
+    while done < steps or time.perf_counter() - start < min_seconds:
         examples += step()
         done += 1
         if deadline is not None and done >= MIN_TIMED_STEPS and time.perf_counter() > deadline:
@@ -475,9 +490,11 @@ def diagnose_input(
     when a step fails. A model that is not built yet is built first, as ``fit`` would (its
     weights then keep their fresh initial values).
 
-    Bounded: each phase times up to ``steps`` steps after 2 warm-up steps and stops at its
-    share of ``max_seconds`` (after at least 2 timed steps); tracing the train step (once, as
-    ``fit``'s first step does) comes on top. On several workers, call it on every worker at
+    Bounded: each phase times ``steps`` steps after 2 warm-up steps and stops early at its
+    share of ``max_seconds`` (after at least 2 timed steps); the input alone goes on past
+    ``steps`` until it has run for 0.5 s (within its share), so that the pipeline's buffers
+    cannot make a short window look fast. Tracing the train step (once, as ``fit``'s first
+    step does) comes on top. On several workers, call it on every worker at
     the same time with the same arguments: the phases that step the strategy then run exactly
     ``steps`` steps (every worker must take part in each), and ``max_seconds`` bounds only the
     local timing of the pipeline's stages.
@@ -493,7 +510,7 @@ def diagnose_input(
             ``fit`` would), or a distributed dataset from
             :func:`~tfdp_utils.build_distributed_dataset` (or
             ``strategy.experimental_distribute_dataset``) made with the model's strategy.
-        steps: steps to time in each phase, at most. Defaults to `20`.
+        steps: steps to time in each phase. Defaults to `20`.
         max_seconds: the time budget of the timed phases, in seconds. Defaults to `10.0`.
 
     Returns:
@@ -557,7 +574,9 @@ def diagnose_input(
         return _examples_in(strategy, element)
 
     try:
-        input_rate = _timed(next_batch, steps=steps, deadline=deadline("input"))
+        input_rate = _timed(
+            next_batch, steps=steps, deadline=deadline("input"), min_seconds=MIN_INPUT_SECONDS
+        )
     except _Exhausted:
         raise ValueError(
             "dataset gave no batch: it is empty (a filter that drops everything, an empty "
