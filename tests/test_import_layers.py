@@ -37,6 +37,7 @@ PURE_MODULES = (
     "tfdp_utils.cli",
     "tfdp_utils._waiting",
     "tfdp_utils.strategy._xla",
+    "tfdp_utils.strategy._stuck",
     "tfdp_utils.doctor._known_issues",
     "tfdp_utils.doctor._command",
     # The pure parts of the data package, and the package itself (its builders are lazy).

@@ -5,6 +5,7 @@
 ``strategy/_detect.py``       what devices, TPU hints and cluster this process sees
 ``strategy/_build.py``        building the strategy, every probe and wait bounded
 ``strategy/_faults.py``       the collective watchdog; backup folders per worker
+``strategy/_stuck.py``        who holds up a stuck step: each worker's phase, published (pure)
 ``strategy/_xla.py``          whether Keras will compile with XLA under a strategy (pure)
 ============================  =============================================================
 
