@@ -151,6 +151,19 @@ def test_frames_tell_saving_and_name_the_callback_that_saves(parked):
     assert seen.kind == "saving" and seen.where == "save"
 
 
+def test_frames_tell_validation_inside_fit(parked):
+    def evaluate(release: threading.Event) -> None:
+        quick_execute(release)
+
+    frame = _innermost_user_frame(parked(evaluate), "quick_execute")
+    seen = frame_phase(frame, in_tf)
+    assert (seen.kind, seen.where) == ("step", "validation")
+    assert resolve(seen, StepFacts(8, input_waits_for=9), since=1.0) == Phase(
+        "step", 8, "validation", 1.0
+    )
+    assert Phase("step", 8, "validation").describe() == "validating after step 8"
+
+
 def test_frames_tell_a_tensorflow_call_from_python(parked):
     frame = _innermost_user_frame(parked(quick_execute), "quick_execute")
     assert frame_phase(frame, in_tf).kind == "step"

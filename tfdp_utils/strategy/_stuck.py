@@ -10,7 +10,8 @@ interval anyway, also reads from them the phase this worker is in:
 * the training thread inside one TensorFlow call of ``fit``: inside step ``k`` (``k`` from the
   model's optimizer ``iterations``), or reading input for step ``k`` when the dataset's input
   clock (``tfdp_input_clock``, builder datasets) says the loop started a fetch that has not
-  completed: the train function fetches its batch in the graph, so frames cannot tell;
+  completed: the train function fetches its batch in the graph, so frames cannot tell; inside
+  ``evaluate`` (fit's validation): validating;
 * anything else: in Python (the innermost function).
 
 A phase is published only once the training thread has stayed in it for a whole interval
@@ -97,6 +98,8 @@ class Phase:
         after = "" if self.step is None else f" after step {self.step}"
         if self.kind == "input":
             return f"reading input for step{step}"
+        if self.kind == "step" and self.where == "validation":
+            return f"validating{after}"
         if self.kind == "step":
             return f"inside step{step}" if step else "inside a TensorFlow call"
         if self.kind == "callback":
@@ -157,12 +160,15 @@ def frame_phase(frame: FrameType, in_call: Callable[[FrameType], bool]) -> Frame
     """
     callback: FrameType | None = None
     saving: FrameType | None = None
+    validating = False
     current: FrameType | None = frame
     while current is not None:  # innermost to outermost: keep the outermost of each
         if _is_callback_method(current):
             callback = current
         elif _is_saving(current):
             saving = current
+        elif current.f_code.co_name == "evaluate":  # fit's validation (or a user's evaluate)
+            validating = True
         current = current.f_back
     if saving is not None:
         name = _qualname(saving)
@@ -172,7 +178,7 @@ def frame_phase(frame: FrameType, in_call: Callable[[FrameType], bool]) -> Frame
     if callback is not None:
         return FramePhase("callback", _qualname(callback), callback)
     if in_call(frame):
-        return FramePhase("step", "", frame)
+        return FramePhase("step", "validation" if validating else "", frame)
     where = f"{_qualname(frame)} in {os.path.basename(frame.f_code.co_filename)}"
     return FramePhase("python", where, frame)
 
@@ -197,6 +203,8 @@ class StepFacts:
 
 def resolve(seen: FramePhase, facts: StepFacts, *, since: float) -> Phase:
     """The published phase: the frames' phase with the step number (and input) filled in."""
+    if seen.kind == "step" and seen.where == "validation":
+        return Phase("step", facts.finished, "validation", since)  # the clock is fit's x's
     if seen.kind == "step":
         step = facts.finished
         if step is not None and not facts.counted_early:
