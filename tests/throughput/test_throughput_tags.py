@@ -30,8 +30,9 @@ def test_the_schema_is_pinned() -> None:
             "throughput/worker_steps_per_sec_max",
             "throughput/worker_skew",
             "throughput/epoch_start_seconds",
+            "input/wait_share",
         ),
-        "worker": ("throughput/steps_per_sec", "throughput/examples_per_sec"),
+        "worker": ("input/wait_share", "throughput/steps_per_sec", "throughput/examples_per_sec"),
         "replica": (
             "throughput/examples",
             "throughput/examples_per_sec",
@@ -122,8 +123,10 @@ def test_a_job_layout_charts_only_what_it_writes() -> None:
         tags.EXAMPLES,
         tags.EPOCH_START_SECONDS,
     }
-    everything = charted(tags.layout(multi_worker=True, flops=True, memory=True))
+    everything = charted(tags.layout(multi_worker=True, flops=True, memory=True, input_wait=True))
     assert everything == charted(tags.LAYOUT) == tags.TAGS - {tags.FLOPS_PER_SEC}
+    waits = charted(tags.layout(multi_worker=False, flops=False, memory=False, input_wait=True))
+    assert waits - single == {tags.INPUT_WAIT_SHARE}
     workers = charted(tags.layout(multi_worker=True, flops=False, memory=False)) - single
     assert workers == {
         tags.WORKER_STEPS_PER_SEC_MIN,

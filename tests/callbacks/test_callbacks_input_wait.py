@@ -1,0 +1,156 @@
+"""ThroughputLogger's input-wait share against injected, known delays.
+
+A reader that takes ``d`` seconds per global batch (serially) feeds a model whose step takes
+``s`` seconds, and the prefetching pipeline overlaps the two: the loop waits
+``max(0, d - s)`` of every ``max(d, s)``. ``s`` is timed by the test itself (the median time
+between batch ends of a fit on undelayed input), and so is the last window's time per step,
+``max(d, s)`` (batch ends again: on a loaded machine the reader takes longer than the injected
+sleep). The share the logger wrote last into the event file must agree within 0.10, and the
+fit's share must lie in the regime the injected delays give.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import tfdp_utils as tdu
+from tfdp_utils._tf import keras, tf
+from tfdp_utils.throughput import _tags as tags
+
+pytestmark = [pytest.mark.slow, pytest.mark.keras]
+
+GLOBAL_BATCH = 8
+STEP_SLEEP = 0.04  # the model's step (per replica, in a py_function)
+STEPS = 26  # warm-up 2, windows of 8 steps
+TOLERANCE = 0.10
+
+
+class Sleep(keras.layers.Layer):  # type: ignore[misc]
+    def call(self, x: Any) -> Any:
+        def wait(value: Any) -> Any:
+            time.sleep(STEP_SLEEP)
+            return value
+
+        y = tf.py_function(wait, [x], tf.float32)
+        y.set_shape(x.shape)
+        return y
+
+
+def strategy_of(replicas: int) -> Any:
+    if replicas == 1:
+        return tf.distribute.OneDeviceStrategy("/cpu:0")
+    return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])
+
+
+def dataset(strategy: Any, delay: float, steps: int) -> Any:
+    """``steps`` global batches, each read in ``delay`` seconds, one after the other."""
+    n = steps * GLOBAL_BATCH
+
+    def slow(batch: Any) -> Any:
+        def wait(value: Any) -> Any:
+            time.sleep(delay)
+            return value
+
+        out = tf.py_function(wait, [batch], tf.float32)
+        out.set_shape(batch.shape)
+        return out
+
+    source = (
+        tf.data.Dataset.from_tensor_slices(np.ones((n, 4), "float32"))
+        .batch(GLOBAL_BATCH)
+        .map(slow)
+        .unbatch()
+        .apply(tf.data.experimental.assert_cardinality(n))
+        .map(lambda x: (x, x[:1]))
+    )
+    return tdu.build_distributed_dataset(source, strategy=strategy, global_batch_size=GLOBAL_BATCH)
+
+
+def model_for(strategy: Any) -> Any:
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), Sleep(), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+    return model
+
+
+class StepTimes(keras.callbacks.Callback):  # type: ignore[misc]
+    """The host time at the end of every batch (this test's own clock)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.times: list[float] = []
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        self.times.append(time.perf_counter())
+
+
+def measured_step_seconds(strategy: Any) -> float:
+    """The model's step on undelayed input, timed here: the median time between batch ends."""
+    times = StepTimes()
+    model_for(strategy).fit(dataset(strategy, 0.0, STEPS), verbose=0, callbacks=[times])
+    gaps = np.diff(times.times[2:])
+    return float(np.median(gaps))
+
+
+def last_logged_share(run: Path) -> tuple[int, float]:
+    acc = EventAccumulator(str(run), size_guidance={"tensors": 0})
+    acc.Reload()
+    event = acc.Tensors(tags.INPUT_WAIT_SHARE)[-1]
+    return event.step, float(tf.make_ndarray(event.tensor_proto))
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["1rep", "2rep"])
+def setup(request: pytest.FixtureRequest) -> tuple[Any, float]:
+    strategy = strategy_of(request.param)
+    return strategy, measured_step_seconds(strategy)
+
+
+@pytest.mark.parametrize(
+    ("ratio", "regime"),
+    [(0.5, (0.0, 0.15)), (2.0, (0.3, 0.7)), (4.0, (0.55, 0.95))],
+    ids=["d=s/2", "d=2s", "d=4s"],
+)
+def test_logged_share_matches_the_injected_delays(
+    setup: tuple[Any, float], ratio: float, regime: tuple[float, float], tmp_path: Path
+) -> None:
+    strategy, step = setup
+    delay = ratio * step
+    logger = tdu.callbacks.ThroughputLogger(tmp_path, log_every_n_steps=8, warmup_steps=2)
+    times = StepTimes()
+    model_for(strategy).fit(dataset(strategy, delay, STEPS), verbose=0, callbacks=[logger, times])
+    summary = logger.summary()
+    last_step, last_share = last_logged_share(tmp_path / "global")
+    # The last window (steps 19-26) by this test's clock: each step takes max(d, s), where d
+    # is the reader's actual time (the injected sleep, longer on a loaded machine).
+    window = (times.times[STEPS - 1] - times.times[STEPS - 9]) / 8
+    expected = max(0.0, window - step) / window
+    context = (
+        f"compute step {step * 1000:.1f} ms, injected delay {delay * 1000:.1f} ms, last window "
+        f"{window * 1000:.1f} ms/step: expected {expected:.3f}, logged {last_share:.3f}; {summary}"
+    )
+    assert last_step == STEPS, context
+    assert abs(last_share - expected) <= TOLERANCE, context
+    low, high = regime  # what the injected delays give on an idle machine, loosely
+    assert low <= summary["input_wait_share"] <= high, context
+    assert summary["input_wait_verdict"].startswith("input wait: ")
+
+
+def test_a_plain_tf_data_dataset_says_the_share_is_unknown(tmp_path: Path) -> None:
+    strategy = strategy_of(1)
+    x = np.ones((64, 4), "float32")
+    plain = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(8, drop_remainder=True)
+    logger = tdu.callbacks.ThroughputLogger(tmp_path, global_batch_size=8, warmup_steps=1)
+    model_for(strategy).fit(plain, verbose=0, callbacks=[logger])
+    summary = logger.summary()
+    assert summary["input_wait_share"] is None
+    assert "unknown: fit trains on a " in summary["input_wait_note"]
+    assert "build_distributed_dataset" in summary["input_wait_note"]
+    acc = EventAccumulator(str(tmp_path / "global"), size_guidance={"tensors": 0})
+    acc.Reload()
+    assert tags.INPUT_WAIT_SHARE not in acc.Tags()["tensors"]
