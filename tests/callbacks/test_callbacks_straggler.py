@@ -28,7 +28,8 @@ from tfdp_utils._tf import keras
 
 strategy = tdu.auto_strategy(verbose=False)
 index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
-delay = float(os.environ.get("SLOW_SECONDS", "0")) if index == int(os.environ.get("SLOW_WORKER", "-1")) else 0.0
+slow_worker = int(os.environ.get("SLOW_WORKER", "-1"))
+delay = float(os.environ.get("SLOW_SECONDS", "0")) if index == slow_worker else 0.0
 
 
 def slow(batch):

@@ -272,6 +272,35 @@ def test_weights_optimizer_state_and_metrics_are_as_before(trained: bool) -> Non
     model.fit(dataset, epochs=1, steps_per_epoch=2, verbose=0)
 
 
+@pytest.mark.keras
+def test_a_dataset_the_strategy_distributed_and_an_unbuilt_model() -> None:
+    strategy = _mirrored(2)
+    with strategy.scope():  # no Input: built by diagnose_input, as fit would
+        model = keras.Sequential([keras.layers.Dense(16), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse", jit_compile=False)
+    dist = strategy.experimental_distribute_dataset(_dataset(0.0))
+    report = tdu.diagnose_input(model, dist, steps=3)
+    assert report.num_replicas_in_sync == 2 and report.global_batch_size == BATCH
+    assert report.dataset == "distributed dataset (DistributedDataset)"
+    assert [s.name for s in report.stages][-3:] == ["Repeat", "Batch", "Prefetch"]
+    assert model.built and int(model.optimizer.iterations.numpy()) == 0
+
+
+@pytest.mark.keras
+def test_steps_per_execution_counts_every_step() -> None:
+    # One replica: steps_per_execution > 1 on several Mirrored replicas is a known Keras bug.
+    strategy = _mirrored(1)
+    with strategy.scope():
+        model = _model(strategy)
+        model.compile(optimizer="adam", loss="mse", steps_per_execution=2, jit_compile=False)
+    before = [np.array(w.numpy()) for w in model.weights]
+    report = tdu.diagnose_input(model, _dataset(0.0), steps=3)
+    assert report.steps[1:] == (4, 4)  # 2 calls of 2 steps each
+    assert int(model.optimizer.iterations.numpy()) == 0
+    after = [np.array(w.numpy()) for w in model.weights]
+    assert all(np.array_equal(a, b) for a, b in zip(before, after, strict=True))
+
+
 # ----------------------------------------------------------------------- bad inputs
 
 

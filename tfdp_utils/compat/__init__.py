@@ -7,8 +7,9 @@ and whether :func:`undo` can take it back out. There are three kinds:
   installed Keras has it;
 - ``"process"``: other changes seen by every object of the process: Keras'
   ``Model.fit``/``evaluate``/``predict`` wrapped (``"fit-binding"``, by the first builder dataset
-  or ``ThroughputLogger``), tf_keras's dataset adapter taught builder datasets
-  (``"tf_keras-datasets"``), MirroredStrategy's collective key base moved on
+  or ``ThroughputLogger``), a ``fit`` over a builder dataset kept at one iterator for all its
+  epochs (``"fit-one-iterator"``, by the first builder dataset), tf_keras's dataset adapter
+  taught builder datasets (``"tf_keras-datasets"``), MirroredStrategy's collective key base moved on
   (``"mirrored-collective-keys"``, by :func:`tfdp_utils.auto_strategy`);
 - ``"object"``: changes to single objects tfdp-utils makes or is handed, counted: builder
   datasets' class (``"builder-dataset-class"``), a model's ``train_step`` under
@@ -42,8 +43,9 @@ On tf_keras, :func:`apply_for_datasets` (:mod:`.tf_keras_datasets`) lets ``fit``
 ``steps_per_epoch``, as Keras 3 does; the builder applies it.
 
 Set ``TFDP_NO_KERAS_PATCHES=1`` to turn off every workaround and every process-wide Keras
-change (the fit binding and the tf_keras adapter; one warning names the features that are then
-off). The collective key base and the per-object changes stay: none of them changes Keras' code.
+change (the fit binding, one iterator per fit and the tf_keras adapter; one warning names the
+features that are then off). The collective key base and the per-object changes stay: none of
+them changes Keras' code.
 
 Examples:
     >>> import tfdp_utils as tdu
@@ -66,6 +68,7 @@ from tfdp_utils.compat import _fit_binding as fit_binding
 from tfdp_utils.compat import _keras_19246 as keras_19246
 from tfdp_utils.compat import _keras_20582 as keras_20582
 from tfdp_utils.compat import _keras_20585 as keras_20585
+from tfdp_utils.compat import _one_iterator as one_iterator
 from tfdp_utils.compat import _resume_position as resume_position
 from tfdp_utils.compat import _tf_72388 as tf_72388
 from tfdp_utils.compat import _tf_keras_datasets as tf_keras_datasets
@@ -93,6 +96,7 @@ _BY_ISSUE = {w.issue: w for w in WORKAROUNDS}
 CHANGES: tuple[RuntimeChange, ...] = (
     *(w.change for w in WORKAROUNDS),
     fit_binding.CHANGE,
+    one_iterator.CHANGE,
     tf_keras_datasets.CHANGE,
     *changes.CHANGES,
     resume_position.CHANGE,

@@ -17,6 +17,7 @@ from typing import Any
 from tfdp_utils import _exit_guard as exit_guard
 from tfdp_utils._versions import require_supported
 from tfdp_utils.compat import _fit_binding as fit_binding
+from tfdp_utils.compat import _one_iterator as one_iterator
 from tfdp_utils.compat import _tf_keras_datasets as tf_keras_datasets
 from tfdp_utils.compat._registry import (
     REGISTRY,
@@ -231,7 +232,8 @@ def skip_autograph_for_tf_keras(*, applied_by: str) -> bool:
 
 
 def prepare_for_datasets(*, applied_by: str) -> None:
-    """What a builder dataset needs of Keras: ``fit`` wrapped, and on tf_keras the adapter taught.
+    """What a builder dataset needs of Keras: ``fit`` wrapped (with one iterator per ``fit``),
+    and on tf_keras the adapter taught.
 
     The builder calls this for every dataset it returns; each change is made once per
     process. With ``TFDP_NO_KERAS_PATCHES=1`` neither is made, and one warning (per process)
@@ -243,7 +245,8 @@ def prepare_for_datasets(*, applied_by: str) -> None:
     require_supported()
     teach_tf_keras(applied_by=applied_by)
     skip_autograph_for_tf_keras(applied_by=applied_by)
-    fit_binding.install(applied_by=applied_by)
+    if fit_binding.install(applied_by=applied_by):
+        one_iterator.install(applied_by=applied_by)
     guard_exits(applied_by=applied_by)
 
 

@@ -31,6 +31,7 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol, runtime_checkable
 
+from tfdp_utils.compat import _one_iterator as one_iterator
 from tfdp_utils.compat._registry import REGISTRY, RuntimeChange, change_of, replace_method
 from tfdp_utils.compat._switch import disabled, warn_features_off
 from tfdp_utils.data._info import DatasetInfo, info_of
@@ -239,6 +240,9 @@ def _wrap(method: str, original: Callable[..., Any]) -> Callable[..., Any]:
             consumers = _consumers(arguments.get("callbacks")) if method == "fit" else []
             for consumer in consumers:
                 consumer.bind_fit_data(arguments.get("x"))
+            if method == "fit":
+                # After the callbacks have the dataset passed: they count with its info.
+                one_iterator.swap_for_stream(model, arguments)
             try:
                 return original(*bound.args, **bound.kwargs)
             except StopFit as stop:

@@ -20,6 +20,7 @@ from typing import Any
 
 from tfdp_utils._tf import tf
 from tfdp_utils.cluster._topology import is_multi_worker
+from tfdp_utils.compat import _one_iterator as one_iterator
 from tfdp_utils.compat._registry import Patch, Workaround, first_local_value, replace_method
 
 ISSUE = "keras#20585"
@@ -111,6 +112,9 @@ def install(trainer: ModuleType) -> tuple[str, list[Patch]]:
         strategy = self._distribute_strategy
         if strategy is None or iterator is None:
             return original(self, iterator=iterator, data_batch=data_batch)
+        spec = one_iterator.spec_batch(iterator) if data_batch is None else None
+        if spec is not None:  # a fit's stream of epochs: built without a batch (see there)
+            return original(self, iterator=None, data_batch=spec)
         for item in iterator:  # (begin, end, iterator) on Keras >= 3.11, (step, iterator) before
             batch = next(item[-1])
             if not is_multi_worker(strategy) and not _replicas_differ(strategy, batch):

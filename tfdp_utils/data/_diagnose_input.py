@@ -114,7 +114,10 @@ def _check_model(model: Any) -> Any:
 
 def _variable_strategy(model: Any) -> Any | None:
     """The strategy that made the model's weights (None: plain variables, no strategy)."""
-    weights = getattr(model, "weights", [])
+    try:
+        weights = model.weights
+    except ValueError:  # tf_keras: a model not built yet has no weights to ask for
+        return None
     return _tf.variable_strategy(weights[0]) if weights else None
 
 
@@ -394,12 +397,10 @@ def _timed(
     for _ in range(warmup):
         step()
     cpu, start = _cpu_seconds(), time.perf_counter()
-    if deadline is not None:
-        min_seconds = min(min_seconds, max(0.0, deadline - start))
-    else:
-        min_seconds = 0.0
+    # Without a deadline (several workers) every worker times exactly ``steps``.
+    window = 0.0 if deadline is None else min(min_seconds, max(0.0, deadline - start))
     examples = done = 0
-    while done < steps or time.perf_counter() - start < min_seconds:
+    while done < steps or time.perf_counter() - start < window:
         examples += step()
         done += 1
         if deadline is not None and done >= MIN_TIMED_STEPS and time.perf_counter() > deadline:

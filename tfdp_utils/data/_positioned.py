@@ -109,6 +109,26 @@ class Resumable:
             )
         if self.shuffles and seed is None:
             raise ValueError("a shuffled dataset starts at a step only with its shuffle seed")
+        dist = self._stream(epoch, step, seed)
+        dist.tfdp_position = StreamPosition(epoch, step, built_from=self.built_from)
+        return dist
+
+    def epochs_from(self, epoch: int, seed: int | None) -> Any:
+        """The distributed dataset of whole epochs from the start of epoch ``epoch`` on.
+
+        What :meth:`at` gives for step 0, as a dataset of its own rather than a resumed one
+        (no ``tfdp_position``): ``fit`` reads it through one iterator for the whole job.
+
+        Raises:
+            ValueError: a negative epoch, or no seed for a shuffled dataset.
+        """
+        if epoch < 0:
+            raise ValueError(f"cannot start at epoch {epoch}: epochs count from 0.")
+        if self.shuffles and seed is None:
+            raise ValueError("a shuffled dataset starts at an epoch only with its shuffle seed")
+        return self._stream(epoch, 0, seed)
+
+    def _stream(self, epoch: int, step: int, seed: int | None) -> Any:
         recipe = dataclasses.replace(self.recipe, seed=seed)
 
         def dataset_fn(context: Any) -> Any:
@@ -119,9 +139,7 @@ class Resumable:
         dist = self.strategy.distribute_datasets_from_function(
             dataset_fn, options=self.input_options
         )
-        dist = attach(dist, self.info, recipe.plan)
-        dist.tfdp_position = StreamPosition(epoch, step, built_from=self.built_from)
-        return dist
+        return attach(dist, self.info, recipe.plan)
 
 
 def resumable(
