@@ -453,18 +453,12 @@ def _cached(strategy: Any, dataset: Any, pipeline: Any, distributed: bool) -> An
     """A distributed dataset that repeats this worker's first step, cached."""
     options = _tf.distributed_input_options(dataset) if distributed else None
     if distributed and _tf.distributed_from_function(dataset):
-        local = max(1, int(strategy.num_replicas_in_sync) // max(1, _workers(strategy)))
+        local = max(1, len(strategy.extended.worker_devices))  # this worker's replicas
         repeated = pipeline.take(local).cache().repeat()
         return strategy.distribute_datasets_from_function(lambda _: repeated, options=options)
     return strategy.experimental_distribute_dataset(
         pipeline.take(1).cache().repeat(), options=options
     )
-
-
-def _workers(strategy: Any) -> int:
-    resolver = getattr(strategy, "cluster_resolver", None)
-    spec = resolver.cluster_spec().as_dict() if resolver is not None else {}
-    return max(1, sum(len(tasks) for kind, tasks in spec.items() if kind in ("chief", "worker")))
 
 
 def diagnose_input(

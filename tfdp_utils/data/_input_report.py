@@ -449,7 +449,7 @@ class InputDiagnosis:
         for stage in self.stages:
             rate = "" if stage.examples_per_sec is None else f"{_fmt(stage.examples_per_sec):>12}"
             mark = "  <- slow stage" if stage.describe() == self.bottleneck else ""
-            lines.append(f"    {stage.describe():<40} {rate}{mark}")
+            lines.append(f"    {stage.describe():<40} {rate}{mark}".rstrip())
         if self.bottleneck == DISTRIBUTED_ITERATOR:
             lines.append(f"    {DISTRIBUTED_ITERATOR:<40} {'':>12}  <- slow stage")
         lines.append("advice:")
