@@ -514,3 +514,29 @@ def test_lines_registered_before_the_traceback_are_printed_first(capsys):
         _exit_guard._before_traceback.remove(explain)
         _exit_guard._status = None
     assert capsys.readouterr().err == "tfdp-utils: step 4 stuck: ...\nTraceback\nTraceback\n"
+
+
+def test_a_step_counter_read_that_never_returns_does_not_hold_up_the_watchdog(parked):
+    """On an accelerator the counter's read queues behind the stuck step: it is bounded."""
+    never = threading.Event()
+
+    class Blocked:
+        def numpy(self) -> int:
+            never.wait(10)
+            return 0
+
+    model = Model(0)
+    model.optimizer.iterations = Blocked()
+
+    def run(release: threading.Event) -> None:
+        model.fit(None, release, quick_execute)
+
+    frame = _innermost_user_frame(parked(run), "quick_execute")
+    try:
+        start = time.monotonic()
+        assert fit_facts(frame, timeout=0.2) == StepFacts()
+        assert fit_facts(frame, timeout=0.2) == StepFacts()  # the first read still waits
+        assert time.monotonic() - start < 1.0
+    finally:
+        never.set()
+    _wait_for(lambda: fit_facts(frame, timeout=0.5).finished == 0)

@@ -450,12 +450,70 @@ class PhaseTracker:
         self._anchor = self._told = None
 
 
-def fit_facts(frame: FrameType) -> StepFacts:
+READ_COUNTS_TIMEOUT = 0.5
+"""Seconds the watchdog waits for the step counter's read (see :func:`fit_facts`)."""
+
+
+class _BoundedReads:
+    """Runs one read at a time on a helper thread; the caller waits a bounded time.
+
+    A variable on an accelerator is read after the work queued before it on the device: in a
+    step stuck in a collective that read may never return, and the watchdog must still fire.
+    A read that did not return in time is left to finish; until it does, no new one starts.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._job: Callable[[], None] | None = None
+        self._posted = threading.Condition(self._lock)
+        self._thread: threading.Thread | None = None
+
+    def _serve(self) -> None:
+        while True:
+            with self._posted:
+                while self._job is None:
+                    self._posted.wait()
+                job = self._job
+            try:
+                job()
+            finally:
+                with self._lock:
+                    self._job = None
+
+    def run(self, read: Callable[[], StepFacts], timeout: float) -> StepFacts | None:
+        result: list[StepFacts] = []
+        done = threading.Event()
+
+        def job() -> None:
+            try:
+                result.append(read())
+            finally:
+                done.set()
+
+        with self._posted:
+            if self._job is not None:
+                return None  # the previous read still waits
+            self._job = job
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._serve, name="tfdp-phase-read", daemon=True
+                )
+                self._thread.start()
+            self._posted.notify()
+        done.wait(timeout)
+        return result[0] if result else None
+
+
+_READS = _BoundedReads()
+
+
+def fit_facts(frame: FrameType, *, timeout: float = READ_COUNTS_TIMEOUT) -> StepFacts:
     """The step counter and input clock of the ``fit`` call on ``frame``'s stack.
 
-    Reads the locals of the outermost ``fit`` frames (Keras' ``fit`` and tfdp-utils' wrapper:
-    ``self`` the model, ``x`` the data): the optimizer's ``iterations`` (a variable read) and
-    ``x.tfdp_input_clock.progress()``. Called only for a phase that lasted an interval.
+    Finds the ``fit`` frames (Keras' ``fit``: ``self`` the model, ``x`` the data) and reads
+    the optimizer's ``iterations`` and ``x.tfdp_input_clock.progress()`` on a helper thread,
+    waiting at most ``timeout`` seconds (nothing known after that). Called only for a phase
+    that lasted an interval.
     """
     model: Any = None
     clock: Any = None
@@ -468,16 +526,22 @@ def fit_facts(frame: FrameType) -> StepFacts:
             if clock is None:
                 clock = getattr(local.get("x"), "tfdp_input_clock", None)
         current = current.f_back
+    if model is None and clock is None:
+        return StepFacts()
+    return _READS.run(lambda: _read_counts(model, clock), timeout) or StepFacts()
+
+
+def _read_counts(model: Any, clock: Any) -> StepFacts:
     finished = waits_for = None
     early = False
     try:
-        if model is not None:
-            finished = int(model.optimizer.iterations.numpy())
-            early = counts_running_step(model.optimizer)
-        if clock is not None:
+        if clock is not None:  # host variables: read first, they always answer
             progress = clock.progress()
             if int(progress.requested) > int(progress.received):
                 waits_for = int(progress.requested)
+        if model is not None:
+            early = counts_running_step(model.optimizer)
+            finished = int(model.optimizer.iterations.numpy())
     except Exception as error:  # a read during teardown: the phase goes without a number
         logger.debug("tfdp_utils: cannot read the step counter: %s", error)
     return StepFacts(finished, early, waits_for)
