@@ -303,6 +303,8 @@ def test_board_overwrites_this_workers_key_and_reads_the_others():
         boards[1].publish(Phase("callback", 4, "S.on_x", 2.0))
         _wait_for(lambda: boards[1].published == 2)
         assert boards[0].read() == {1: Phase("callback", 4, "S.on_x", 2.0), 2: None}
+        store.values["tfdp/phase/2"] = '{"kind": "step", "future_field": 1}'  # another version
+        assert boards[0].read() == {1: Phase("callback", 4, "S.on_x", 2.0), 2: None}
     finally:
         for board in boards:
             board.close()

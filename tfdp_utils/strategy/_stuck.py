@@ -163,7 +163,7 @@ def frame_phase(frame: FrameType, in_call: Callable[[FrameType], bool]) -> Frame
     validating = False
     current: FrameType | None = frame
     while current is not None:  # innermost to outermost: keep the outermost of each
-        if _is_callback_method(current):
+        if _is_callback_method(current) and not in_call(current):
             callback = current
         elif _is_saving(current):
             saving = current
@@ -352,8 +352,10 @@ class PhaseBoard:
                 except Exception as error:
                     logger.debug("tfdp_utils: cannot read worker %d's phase: %s", worker, error)
                     break
-                if text is not None:
-                    result[worker] = Phase.decode(text)
+                try:
+                    result[worker] = None if text is None else Phase.decode(text)
+                except (ValueError, TypeError) as error:  # another version's record
+                    logger.debug("tfdp_utils: worker %d's phase %r: %s", worker, text, error)
             done.set()
 
         # A thread of its own: a store that does not answer cannot hold up the abort.
