@@ -78,6 +78,11 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
       ``memory/current_bytes`` / ``memory/peak_bytes`` where the device reports memory.
     - ``worker_<w>`` (multi-worker jobs): this worker's ``throughput/steps_per_sec`` and
       ``throughput/examples_per_sec``.
+    - ``input/wait_share`` (``global``, and ``worker_<w>`` with several workers): the share of
+      each window the training loop waited for its next batch, measured inside the step by
+      the input clock of a :func:`tfdp_utils.build_distributed_dataset` dataset (only this
+      worker's own fetch; waits for other workers are left out). ``global`` carries the
+      largest worker's share. Unknown (not written) for other data.
 
     The step axis counts the batches ``fit`` trained on: the optimizer's iterations, or under
     gradient accumulation (Keras 3's ``gradient_accumulation_steps``,
@@ -942,9 +947,12 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         ``num_replicas``, ``num_workers``, ``worker``, ``is_chief``, ``count_source``,
         ``exact`` (whether the counts are exact) and ``derived_reason`` (why not, else None),
         ``log_every_n_steps`` and ``warmup_steps`` (as used in that fit),
-        ``epoch_start_seconds`` (each epoch's start, left out of the rates), and
-        ``flops_per_sec`` / ``mfu`` / ``worker_steps_per_sec`` / ``peak_memory_bytes``
-        where measured.
+        ``epoch_start_seconds`` (each epoch's start, left out of the rates),
+        ``input_wait_share`` (the share of the measured time spent waiting for input; None
+        with ``input_wait_note`` saying why when unknown) and ``input_wait_verdict``, and
+        ``flops_per_sec`` / ``mfu`` / ``worker_steps_per_sec`` / ``peak_memory_bytes`` /
+        ``worker_input_wait_share`` / ``straggler`` (the worker named as waiting for input
+        clearly more than the others, or None) where measured.
 
         Returns:
             A new dict; empty before the first ``fit`` ends.
