@@ -19,9 +19,17 @@ Three parts, each timed side by side in one process (pipelines alternate, median
    ``service=`` with 1 dispatcher and 2 service workers started with ``tfdp-utils
    data-service`` on this machine (synchronous mode: reads on the service workers, batching
    on the trainer).
+4. **Through fit**: the latency-bound fixture given to ``model.fit(dist, epochs=2)`` as a user
+   writes it (a model whose step sleeps 0.01 s and counts its examples), which keeps one
+   iterator for the job (compat change ``fit-one-iterator``), against the same ``fit`` with
+   that change undone (Keras' own: a new iterator every epoch) and the plain loop, alternating.
+   The stream needs the epoch's steps: the fit runs build the fixture with
+   ``count_examples=True`` (the count's build time is reported apart), and the fixture as the
+   plain loop builds it (unknown size) goes through ``fit`` unchanged too.
 
 Run: ``.venv/bin/python benchmarks/reads.py`` (about 90 s); ``--json`` prints the raw
-figures, ``--rounds N`` changes the rounds (default 7), ``--skip-service`` leaves out part 3.
+figures, ``--rounds N`` changes the rounds (default 7), ``--skip-service`` leaves out part 3,
+``--only-fit`` runs part 4 alone.
 """
 
 from __future__ import annotations
@@ -179,7 +187,12 @@ def latency_part(paths: list[str], rounds: int) -> dict[str, Any]:
 
     def new_one_iterator() -> Any:
         return tdu.build_distributed_dataset(
-            paths, strategy=strategy, global_batch_size=BATCH, reader=reader, repeat="epochs"
+            paths,
+            strategy=strategy,
+            global_batch_size=BATCH,
+            reader=reader,
+            repeat="epochs",
+            count_examples=True,  # aligned epochs need the files' counts
         )
 
     expected = EPOCHS * NUM_FILES * ELEMENTS_PER_FILE
@@ -191,6 +204,122 @@ def latency_part(paths: list[str], rounds: int) -> dict[str, Any]:
         "new_over_limit": timing["new"]["median_s"] / PHYSICAL_LIMIT_S,
         "one_iterator_over_limit": timing["new_one_iterator"]["median_s"] / PHYSICAL_LIMIT_S,
         "new_speed_vs_previous": timing["previous"]["median_s"] / timing["new"]["median_s"],
+    }
+
+
+def sleeping_model(strategy: Any) -> Any:
+    """A model whose training step takes ``STEP_S`` (a sleep, as the fixture's loop) and
+    counts the examples it receives; built and compiled under ``strategy``."""
+    import numpy as np
+    import tensorflow as tf
+
+    from tfdp_utils._tf import keras
+
+    def sleep(examples: Any) -> Any:
+        time.sleep(STEP_S)
+        return np.int64(examples)
+
+    class SleepingStep(keras.Model):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.examples = self.add_weight(
+                name="examples", shape=(), initializer="zeros", dtype="int64", trainable=False
+            )
+
+        def call(self, x: Any) -> Any:
+            return x
+
+        def train_step(self, data: Any) -> Any:
+            size = tf.shape(data, out_type=tf.int64)[0]
+            slept = tf.reshape(tf.py_function(sleep, [size], tf.int64), [])
+            self.examples.assign_add(slept)
+            return {"examples": self.examples}
+
+    with strategy.scope():
+        model = SleepingStep()
+        model.compile(optimizer="sgd")
+    return model
+
+
+def fit_part(paths: list[str], rounds: int) -> dict[str, Any]:
+    """The fixture through ``model.fit(dist, epochs=EPOCHS)`` with user code unchanged (one
+    iterator for the job, compat change fit-one-iterator), through Keras' own fit (the change
+    undone: a new iterator every epoch), and the plain loop, alternating in one process.
+
+    The one-iterator stream needs the epoch's steps, so the fit runs build the fixture with
+    ``count_examples=True`` (each build reads the files once more; its time is reported
+    apart); ``fit_unknown_size`` is the fixture as the plain loop builds it (no counts), which
+    ``fit`` reads to its end every epoch, as before.
+    """
+    import tensorflow as tf
+
+    import tfdp_utils as tdu
+    from tfdp_utils import compat
+    from tfdp_utils.compat import _one_iterator as one_iterator
+
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    reader = tf.autograph.experimental.do_not_convert(python_reader)
+    expected = EPOCHS * NUM_FILES * ELEMENTS_PER_FILE
+    model = sleeping_model(strategy)
+
+    def dataset(*, counted: bool = False) -> Any:
+        return tdu.build_distributed_dataset(
+            paths,
+            strategy=strategy,
+            global_batch_size=BATCH,
+            reader=reader,
+            count_examples=counted,
+        )
+
+    builds: list[float] = []
+
+    def counted_dataset() -> Any:
+        start = time.perf_counter()
+        dist = dataset(counted=True)
+        builds.append(time.perf_counter() - start)
+        return dist
+
+    def fit(*, keras_own: bool = False, counted: bool = True) -> tuple[float, int]:
+        dist = counted_dataset() if counted else dataset()
+        if keras_own:
+            compat.undo("fit-one-iterator")
+        try:
+            before = int(model.examples.numpy())
+            start = time.perf_counter()
+            model.fit(dist, epochs=EPOCHS, verbose=0)
+            seconds = time.perf_counter() - start
+        finally:
+            one_iterator.install(applied_by="benchmarks/reads.py")
+        return seconds, int(model.examples.numpy()) - before
+
+    runs: dict[str, Callable[[], tuple[float, int]]] = {
+        "plain_loop": lambda: run_epochs(dataset(), STEP_S),
+        "fit": lambda: fit(),
+        "fit_keras_own": lambda: fit(keras_own=True),
+        "fit_unknown_size": lambda: fit(counted=False),
+    }
+    for run in runs.values():  # warm up: tracing, thread pools
+        run()
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    names = list(runs)
+    for index in range(rounds):
+        for name in names if index % 2 == 0 else names[::-1]:
+            seconds, seen = runs[name]()
+            if seen != expected:
+                raise RuntimeError(f"{name} trained {seen} examples, expected {expected}")
+            times[name].append(seconds)
+    timing = {
+        name: {"median_s": statistics.median(values), "runs_s": values}
+        for name, values in times.items()
+    }
+    return {
+        "timing": timing,
+        "physical_limit_s": PHYSICAL_LIMIT_S,
+        "fit_over_limit": timing["fit"]["median_s"] / PHYSICAL_LIMIT_S,
+        "fit_keras_own_over_limit": timing["fit_keras_own"]["median_s"] / PHYSICAL_LIMIT_S,
+        "plain_loop_over_limit": timing["plain_loop"]["median_s"] / PHYSICAL_LIMIT_S,
+        "fit_unknown_size_over_limit": (timing["fit_unknown_size"]["median_s"] / PHYSICAL_LIMIT_S),
+        "count_examples_build_s": statistics.median(builds),
     }
 
 
@@ -305,6 +434,9 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print the raw figures as JSON")
     parser.add_argument("--rounds", type=int, default=7, help="rounds per part (default 7)")
     parser.add_argument("--skip-service", action="store_true", help="leave out part 3")
+    parser.add_argument(
+        "--only-fit", action="store_true", help="only part 4 (the fixture through fit)"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -313,18 +445,33 @@ def main() -> None:
             path = folder / f"file-{index}"
             path.write_bytes(b"")  # the artificial readers only need a name
             paths.append(str(path))
-        figures: dict[str, Any] = {
-            "cores": os.cpu_count(),
-            "latency": latency_part(paths, args.rounds),
-            "cpu_bound": cpu_part(folder, args.rounds),
-        }
-        if not args.skip_service:
-            figures["service"] = service_part(paths, folder, args.rounds)
+        figures: dict[str, Any] = {"cores": os.cpu_count()}
+        if not args.only_fit:
+            figures["latency"] = latency_part(paths, args.rounds)
+            figures["cpu_bound"] = cpu_part(folder, args.rounds)
+            if not args.skip_service:
+                figures["service"] = service_part(paths, folder, args.rounds)
+        figures["fit"] = fit_part(paths, args.rounds)
     if args.json:
         print(json.dumps(figures, indent=2))
         return
-    latency, cpu = figures["latency"], figures["cpu_bound"]
     print(f"cores: {figures['cores']}, rounds: {args.rounds}")
+    fit = figures["fit"]
+    print(
+        f"latency-bound through fit(epochs={EPOCHS}), user code unchanged: "
+        f"{fit['timing']['fit']['median_s']:.3f} s, / limit {fit['fit_over_limit']:.2f} (goal "
+        f"<= 1.5); Keras' own fit (a new iterator every epoch) "
+        f"{fit['timing']['fit_keras_own']['median_s']:.3f} s, / limit "
+        f"{fit['fit_keras_own_over_limit']:.2f}; the plain loop "
+        f"{fit['timing']['plain_loop']['median_s']:.3f} s, / limit "
+        f"{fit['plain_loop_over_limit']:.2f}; fit on the fixture without counts (unknown size: "
+        f"read to its end every epoch) {fit['timing']['fit_unknown_size']['median_s']:.3f} s, "
+        f"/ limit {fit['fit_unknown_size_over_limit']:.2f}; building with count_examples=True "
+        f"{fit['count_examples_build_s']:.3f} s (once, before fit)"
+    )
+    if args.only_fit:
+        return
+    latency, cpu = figures["latency"], figures["cpu_bound"]
     print(
         f"latency-bound: new {latency['timing']['new']['median_s']:.3f} s, previous "
         f"{latency['timing']['previous']['median_s']:.3f} s, limit {PHYSICAL_LIMIT_S:.2f} s; "

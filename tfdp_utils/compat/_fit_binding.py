@@ -243,6 +243,7 @@ def _wrap(method: str, original: Callable[..., Any]) -> Callable[..., Any]:
             if method == "fit":
                 # After the callbacks have the dataset passed: they count with its info.
                 one_iterator.swap_for_stream(model, arguments)
+            stack.enter_context(one_iterator.quiet_end_of_data(method, arguments))
             try:
                 return original(*bound.args, **bound.kwargs)
             except StopFit as stop:

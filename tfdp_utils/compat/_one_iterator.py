@@ -23,6 +23,11 @@ be aligned (a sized source of dense elements, no tf.data service), without the u
 ``steps_per_epoch``, and with ``steps_per_execution`` dividing the epoch's steps. Everything
 else, ``validation_data`` included, reaches Keras as given.
 
+A builder dataset of unknown size has no epoch steps to give: Keras reads it to its end every
+epoch (a new iterator each), as before. Keras 3 then warns "Your input ran out of data" at
+every end although that end is the epoch's, as Keras documents for data without a step count;
+the wrappers filter that one warning out for such calls (:func:`quiet_end_of_data`).
+
 On Keras 3 one more change keeps ``fit`` at one iterator: before training, Keras'
 ``TensorFlowTrainer._maybe_symbolic_build`` takes one batch from an iterator it throws away
 (the model is built from its shapes). For the stream, the model is built from the stream's
@@ -36,8 +41,10 @@ off.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import random
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -59,7 +66,9 @@ CHANGE = RuntimeChange(
     "without steps_per_epoch, trains on the same data as one stream of whole epochs with "
     "steps_per_epoch set to the epoch's steps (in the fit-binding wrapper); on Keras 3 "
     "TensorFlowTrainer._maybe_symbolic_build builds the model from that stream's element "
-    "spec instead of a batch of a throw-away iterator",
+    "spec instead of a batch of a throw-away iterator, and Keras 3's 'Your input ran out of "
+    "data' warning is filtered out during fit/evaluate/predict on a builder dataset of "
+    "unknown size without a step count (its epochs end with the data, as documented)",
     why="destroying a tf.distribute iterator can stall 0.3-0.9 s, and Keras destroys one at "
     "every epoch's end; with one iterator for the job every epoch still trains each example "
     "once, with equal steps on every worker, reshuffled with the epoch's own seed, and the "
@@ -138,9 +147,9 @@ def _steps_per_execution(model: Any) -> int | None:
     """The model's steps per execution (1 before compile); None when tuned (``"auto"``)."""
     if getattr(model, "_autotune_steps_per_execution", False):
         return None
-    value = getattr(model, "_steps_per_execution", None)  # tf_keras: a variable
+    value: Any = getattr(model, "_steps_per_execution", None)  # tf_keras: a variable
     if value is None or IS_KERAS3:
-        value = getattr(model, "steps_per_execution", 1)
+        value = getattr(model, "steps_per_execution", None) or 1
     try:
         return max(1, int(value.numpy() if hasattr(value, "numpy") else value))
     except (TypeError, ValueError):
@@ -190,15 +199,55 @@ def swap_for_stream(model: Any, arguments: dict[str, Any]) -> bool:
         seed = random.randrange(2**31)  # as the dataset, a new order every run
     stream = resumable.epochs_from(initial_epoch, seed)
     setattr(stream, _STREAM, x)
+    # Its waits for input count on the dataset the callbacks receive (ThroughputLogger, the
+    # stuck-worker diagnosis read that dataset's clock).
+    clock = getattr(x, "tfdp_input_clock", None)
+    if clock is not None:
+        stream.tfdp_input_clock = clock
     arguments["x"] = stream
     arguments["steps_per_epoch"] = steps
     return True
 
 
+_END_OF_DATA = "Your input ran out of data"  # Keras 3's EpochIterator._interrupted_warning
+_DATA_AND_STEPS = {
+    "fit": (("x", "steps_per_epoch"), ("validation_data", "validation_steps")),
+    "evaluate": (("x", "steps"),),
+    "predict": (("x", "steps"),),
+}
+
+
+def ends_by_data(method: str, arguments: dict[str, Any]) -> bool:
+    """Whether the call reads a builder dataset of unknown size to its end (no step count).
+
+    Its one-iterator stream needs the epoch's steps, which nobody knows; Keras 3 then ends
+    each epoch (or ``evaluate``/``predict``) at the end of the data, as documented, but warns
+    "Your input ran out of data" each time as if a count had been missed.
+    """
+    for data_argument, steps_argument in _DATA_AND_STEPS[method]:
+        info = info_of(arguments.get(data_argument))
+        if info is None or info.repeat or info.steps_per_epoch is not None:
+            continue
+        if arguments.get(steps_argument) is None:
+            return True
+    return False
+
+
+def quiet_end_of_data(method: str, arguments: dict[str, Any]) -> Any:
+    """A context in which Keras 3 does not warn at the end of a builder dataset of unknown
+    size (see :func:`ends_by_data`); a no-op context for every other call."""
+    if not IS_KERAS3 or not installed() or not ends_by_data(method, arguments):
+        return contextlib.nullcontext()
+    stack = contextlib.ExitStack()
+    stack.enter_context(warnings.catch_warnings())
+    warnings.filterwarnings("ignore", message=_END_OF_DATA, category=UserWarning)
+    return stack
+
+
 def spec_batch(epoch_iterator: Any) -> Any:
     """One replica's element spec of the stream Keras 3's ``epoch_iterator`` reads, or None
     when it reads anything else."""
-    dataset = getattr(epoch_iterator, "_distributed_dataset", None)
+    dataset: Any = getattr(epoch_iterator, "_distributed_dataset", None)
     if getattr(dataset, _STREAM, None) is None:
         return None
     from tfdp_utils._tf import tf
