@@ -2,9 +2,9 @@
 and in the model's train step, on 1 and 2 replicas, on Keras 3 and tf_keras.
 
 Truth: each of the three rates is compared with the test's own ``time.perf_counter`` around its
-own loops (the dataset iterated by hand; ``fit`` on one repeated batch and on the dataset, timed
-by a callback), never with the code's arithmetic. The fixtures differ 5-10x, so the verdicts hold
-on a loaded machine; the only timed asserts are the 20 % agreements.
+own loops (the dataset iterated by hand; ``fit`` on one repeated batch and on the dataset, its
+second epoch timed by a callback), never with the code's arithmetic. The fixtures differ 4-10x,
+so the verdicts hold on a loaded machine; the only timed asserts are the 20 % agreements.
 """
 
 from __future__ import annotations
@@ -83,40 +83,53 @@ def _dataset(batch_seconds: float) -> Any:
 
 
 def _own_input_rate(dataset: Any) -> float:
+    """Examples/s over at least STEPS batches and 0.5 s, after 2."""
     iterator = iter(dataset)
     for _ in range(2):
         next(iterator)
     start = time.perf_counter()
-    examples = sum(int(next(iterator)[0].shape[0]) for _ in range(STEPS))
+    examples = batches = 0
+    while batches < STEPS or time.perf_counter() - start < 0.5:
+        examples += int(next(iterator)[0].shape[0])
+        batches += 1
     return examples / (time.perf_counter() - start)
 
 
-class _StepClock(keras.callbacks.Callback):  # type: ignore[misc]
+class _EpochClock(keras.callbacks.Callback):  # type: ignore[misc]
+    """Epoch-level hooks only: a batch hook would make Keras 3 sync on every step."""
+
     def __init__(self) -> None:
         super().__init__()
+        self.begins: list[float] = []
         self.ends: list[float] = []
 
-    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        self.begins.append(time.perf_counter())
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         self.ends.append(time.perf_counter())
 
 
-def _own_fit_rate(model: Any, dataset: Any, skip: int = 4) -> float:
-    """Examples/s of ``fit`` over ``dataset``, from the end of step ``skip`` on."""
-    clock = _StepClock()
-    model.fit(dataset, epochs=1, steps_per_epoch=skip + STEPS, verbose=0, callbacks=[clock])
-    return STEPS * BATCH / (clock.ends[-1] - clock.ends[skip - 1])
+def _own_fit_rate(model: Any, dataset: Any, steps: int) -> float:
+    """Examples/s of ``fit``'s second epoch of ``steps`` steps over ``dataset`` (the first one
+    traces, starts the pipeline and drains its buffers)."""
+    clock = _EpochClock()
+    model.fit(dataset, epochs=2, steps_per_epoch=steps, verbose=0, callbacks=[clock])
+    return steps * BATCH / (clock.ends[1] - clock.begins[1])
 
 
 def _agrees(reported: float, measured: float) -> bool:
     return abs(reported - measured) <= AGREEMENT * measured
 
 
-def _assert_rates_agree(report: Any, model: Any, dataset: Any) -> None:
+def _assert_rates_agree(report: Any, model: Any, dataset: Any, step_seconds: float) -> None:
+    """The report's rates against the test's own, each over at least about 0.5 s
+    (``step_seconds``: what the step sleeps, all replicas)."""
     one_batch = tf.data.Dataset.from_tensors(next(iter(dataset))).repeat()
     measured = {
         "input": _own_input_rate(dataset),
-        "model": _own_fit_rate(model, one_batch),
-        "together": _own_fit_rate(model, dataset),
+        "model": _own_fit_rate(model, one_batch, max(STEPS, int(0.5 / step_seconds))),
+        "together": _own_fit_rate(model, dataset, STEPS),
     }
     reported = {
         "input": report.input_examples_per_sec,
@@ -154,7 +167,7 @@ def test_input_bound_fixture_is_input_bound_with_true_rates(replicas: int) -> No
     assert report.global_batch_size == BATCH
     assert report.bottleneck == "Map(serial, Python)", report.summary()
     assert {"parallel_map", "threading"} <= {a.kind for a in report.advice}
-    _assert_rates_agree(report, model, dataset)
+    _assert_rates_agree(report, model, dataset, step_seconds=0.01 * replicas)
 
 
 @pytest.mark.keras
@@ -167,7 +180,7 @@ def test_compute_bound_fixture_is_not_input_bound_with_true_rates() -> None:
     assert report.factor < 0.5, report.summary()
     assert report.bottleneck is None
     assert [a.kind for a in report.advice] == ["compute"]
-    _assert_rates_agree(report, model, dataset)
+    _assert_rates_agree(report, model, dataset, step_seconds=0.1)
 
 
 # --------------------------------------------------------------------------- advice
@@ -252,8 +265,8 @@ def test_weights_optimizer_state_and_metrics_are_as_before(trained: bool) -> Non
     else:
         before_metrics = None
     before = _state(model) if trained else [np.array(w.numpy()) for w in model.weights]
-    report = tdu.diagnose_input(model, dataset, steps=3)
-    assert report.steps[0] >= 3 and report.steps[1:] == (3, 3)
+    report = tdu.diagnose_input(model, dataset, steps=3, max_seconds=1)
+    assert min(report.steps) >= 3
     if trained:
         after = _state(model)
         assert len(after) == len(before)
@@ -294,8 +307,9 @@ def test_steps_per_execution_counts_every_step() -> None:
         model = _model(strategy)
         model.compile(optimizer="adam", loss="mse", steps_per_execution=2, jit_compile=False)
     before = [np.array(w.numpy()) for w in model.weights]
-    report = tdu.diagnose_input(model, _dataset(0.0), steps=3)
-    assert report.steps[1:] == (4, 4)  # 2 calls of 2 steps each
+    report = tdu.diagnose_input(model, _dataset(0.0), steps=3, max_seconds=1)
+    # calls of 2 steps each, at least ceil(3 / 2) of them
+    assert all(steps >= 4 and steps % 2 == 0 for steps in report.steps[1:]), report.steps
     assert int(model.optimizer.iterations.numpy()) == 0
     after = [np.array(w.numpy()) for w in model.weights]
     assert all(np.array_equal(a, b) for a, b in zip(before, after, strict=True))

@@ -48,10 +48,11 @@ WARMUP_STEPS = 2
 MIN_TIMED_STEPS = 2
 """Steps each phase times even past its share of the budget."""
 
-MIN_INPUT_SECONDS = 0.5
-"""The input alone is timed for at least this long (within its budget), past ``steps`` if
-need be: a pipeline's buffers (prefetch, parallel calls in flight) hand out what they made
-during the warm-up at once, and would make a short window look faster than the pipeline."""
+MIN_WINDOW_SECONDS = 0.5
+"""Each phase is timed for at least this long (within its budget), past ``steps`` if need be:
+a pipeline's buffers (prefetch, parallel calls in flight) hand out what they made during the
+warm-up at once, and a window of a few fast steps is at the mercy of one hiccup of a shared
+machine."""
 
 MAX_TIMED_STAGES = 8
 """Stages of the pipeline timed alone, at most."""
@@ -486,9 +487,9 @@ def diagnose_input(
     weights then keep their fresh initial values).
 
     Bounded: each phase times ``steps`` steps after 2 warm-up steps and stops early at its
-    share of ``max_seconds`` (after at least 2 timed steps); the input alone goes on past
-    ``steps`` until it has run for 0.5 s (within its share), so that the pipeline's buffers
-    cannot make a short window look fast. Tracing the train step (once, as ``fit``'s first
+    share of ``max_seconds`` (after at least 2 timed steps); a phase goes on past ``steps``
+    until it has run for 0.5 s (within its share), so that the pipeline's buffers cannot make
+    a short window look fast. Tracing the train step (once, as ``fit``'s first
     step does) comes on top. On several workers, call it on every worker at
     the same time with the same arguments: the phases that step the strategy then run exactly
     ``steps`` steps (every worker must take part in each), and ``max_seconds`` bounds only the
@@ -570,7 +571,7 @@ def diagnose_input(
 
     try:
         input_rate = _timed(
-            next_batch, steps=steps, deadline=deadline("input"), min_seconds=MIN_INPUT_SECONDS
+            next_batch, steps=steps, deadline=deadline("input"), min_seconds=MIN_WINDOW_SECONDS
         )
     except _Exhausted:
         raise ValueError(
@@ -623,7 +624,9 @@ def diagnose_input(
             cached.run(train)
             return cached_examples
 
-        model_rate = _timed(cached_step, steps=calls, deadline=deadline("model"))
+        model_rate = _timed(
+            cached_step, steps=calls, deadline=deadline("model"), min_seconds=MIN_WINDOW_SECONDS
+        )
         cached.close()
 
         # 4. The two together: train steps fed from a fresh iterator of the dataset.
@@ -638,7 +641,12 @@ def diagnose_input(
                 return sum(info.examples_in_steps(first_step, position[0]))
             return global_batch * per_call
 
-        together_rate = _timed(together_step, steps=calls, deadline=deadline("together"))
+        together_rate = _timed(
+            together_step,
+            steps=calls,
+            deadline=deadline("together"),
+            min_seconds=MIN_WINDOW_SECONDS,
+        )
         if fresh.restarts:
             notes.append(
                 f"the dataset ended {fresh.restarts} time(s) while training was timed and was "
