@@ -488,6 +488,7 @@ def plot(runs: dict[str, RunSeries], path: str, summary: dict[str, Any] | None =
         )
     else:
         figure, axes = plt.subplots(figsize=(9, 5))
+    colors: dict[str, str] = {}
     try:
         for name, run in runs.items():
             points = run.series.get(EXAMPLES_PER_SEC, [])
@@ -495,18 +496,20 @@ def plot(runs: dict[str, RunSeries], path: str, summary: dict[str, Any] | None =
                 steps, values = zip(*points, strict=True)
                 entry = entries.get(name, {})
                 style = "--" if entry.get("cut_short") else "-"
-                axes.plot(
+                (line,) = axes.plot(
                     steps,
                     values,
                     style,
                     label=legend_label(name, entry, points[-1][0]),
                     marker="." if len(points) < 50 else None,
                 )
+                colors[name] = line.get_color()
         axes.set_ylabel("examples / second")
         if not waits:
             axes.set_xlabel("optimizer step")
         else:
-            _plot_waits(wait_axes, waits, (summary or {}).get("input", {}).get("verdict"))
+            verdict_line = (summary or {}).get("input", {}).get("verdict")
+            _plot_waits(wait_axes, waits, verdict_line, colors)
         title = "Throughput per run (epoch boundaries left out of every window)"
         if summary and summary.get("cut_short"):
             title += "\nruns cut short: " + ", ".join(summary["cut_short"])
@@ -521,12 +524,21 @@ def plot(runs: dict[str, RunSeries], path: str, summary: dict[str, Any] | None =
         plt.close(figure)
 
 
-def _plot_waits(axes: Any, waits: dict[str, list[tuple[int, float]]], title: str | None) -> None:
-    """The lower panel: each run's input-wait share per window."""
+def _plot_waits(
+    axes: Any,
+    waits: dict[str, list[tuple[int, float]]],
+    title: str | None,
+    colors: dict[str, str],
+) -> None:
+    """The lower panel: each run's input-wait share per window, in its colour above."""
     for name, points in waits.items():
         steps, values = zip(*points, strict=True)
         axes.plot(
-            steps, [100 * v for v in values], label=name, marker="." if len(points) < 50 else None
+            steps,
+            [100 * v for v in values],
+            label=name,
+            color=colors.get(name),
+            marker="." if len(points) < 50 else None,
         )
     axes.set_ylim(0, 100)
     axes.set_xlabel("optimizer step")
