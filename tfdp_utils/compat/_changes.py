@@ -46,12 +46,16 @@ COLLECTIVE_KEYS = RuntimeChange(
 DATASET_CLASS = RuntimeChange(
     name="builder-dataset-class",
     kind="object",
-    changes="each distributed dataset build_distributed_dataset() returns gets tfdp_info and "
-    "tfdp_plan, and its class is swapped for a same-named subclass whose cardinality is the "
-    "builder's step count",
+    changes="each distributed dataset build_distributed_dataset() returns gets tfdp_info, "
+    "tfdp_plan and an input clock (tfdp_input_clock), and its class is swapped for a "
+    "same-named subclass whose cardinality is the builder's step count and whose iterators "
+    "(same-named subclasses of TensorFlow's, with their type spec) time each worker's fetch of "
+    "the next batch inside the step",
     why="Keras 3 takes a dataset's cardinality as the epoch's steps, and TensorFlow's counts "
     "one worker's per-replica batches, which is not the number of steps with several "
-    "replicas and differs between workers. Only the builder's own datasets change, never "
+    "replicas and differs between workers; the time a step waits for its batch (the input-"
+    "wait share, the stuck-worker diagnosis) can only be measured where the batch is fetched. "
+    "Only the builder's own datasets change, never "
     "their class or Keras, so TFDP_NO_KERAS_PATCHES leaves it on. Not undoable: tfdp-utils "
     "keeps no reference to the datasets",
     undoable=False,

@@ -1,8 +1,10 @@
-"""Attaching a built dataset's info: ``tfdp_info``, ``tfdp_plan`` and the epoch's steps.
+"""Attaching a built dataset's info: ``tfdp_info``, ``tfdp_plan``, the epoch's steps, the input clock.
 
-:func:`attach` sets ``tfdp_info`` and ``tfdp_plan`` on the distributed dataset and, where the
-class has a ``cardinality`` property, swaps its class for a same-named subclass whose
-``cardinality`` is the builder's step count, which Keras 3 takes as the epoch's steps. It also
+:func:`attach` sets ``tfdp_info``, ``tfdp_plan`` and ``tfdp_input_clock`` (an
+:class:`~tfdp_utils.data._input_wait.InputClock`) on the distributed dataset and swaps its class
+for a same-named subclass whose ``cardinality`` (where the class has one) is the builder's step
+count, which Keras 3 takes as the epoch's steps, and whose iterators time each worker's fetch of
+the next batch with that clock. It also
 makes sure Keras' ``fit``/``evaluate``/``predict`` check the dataset's step count and hand it to
 the call's callbacks (:mod:`tfdp_utils.compat._fit_binding`): nothing about the dataset is kept in
 process-wide state. Both changes go through the compat registry (``"builder-dataset-class"``,
