@@ -1,4 +1,4 @@
-"""Attaching a built dataset's info: ``tfdp_info``, ``tfdp_plan``, the epoch's steps, the input clock.
+"""Attaching a built dataset's info, its epoch's steps and its input clock.
 
 :func:`attach` sets ``tfdp_info``, ``tfdp_plan`` and ``tfdp_input_clock`` (an
 :class:`~tfdp_utils.data._input_wait.InputClock`) on the distributed dataset and swaps its class
