@@ -105,8 +105,17 @@ def screenshot(log_dir: str, path: Path) -> None:
         return
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "tensorboard.main", "--logdir", log_dir, "--host", "127.0.0.1",
-         "--port", str(port)],
+        [
+            sys.executable,
+            "-m",
+            "tensorboard.main",
+            "--logdir",
+            log_dir,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -119,11 +128,21 @@ def screenshot(log_dir: str, path: Path) -> None:
                 time.sleep(1)
         with tempfile.TemporaryDirectory() as profile:
             subprocess.run(
-                [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", f"--user-data-dir={profile}", "--window-size=1400,1000",
-                 "--virtual-time-budget=15000", f"--screenshot={path}",
-                 f"http://127.0.0.1:{port}/?darkMode=false#scalars&tagFilter=input%7Csteps_per_sec"],
+                [
+                    chromium,
+                    "--headless",
+                    "--no-sandbox",
+                    "--disable-gpu",
+                    "--no-first-run",
+                    "--disable-background-networking",
+                    "--disable-component-update",
+                    "--disable-sync",
+                    f"--user-data-dir={profile}",
+                    "--window-size=1400,1000",
+                    "--virtual-time-budget=15000",
+                    f"--screenshot={path}",
+                    f"http://127.0.0.1:{port}/?darkMode=false#scalars&tagFilter=input%7Csteps_per_sec",
+                ],
                 check=True,
                 timeout=180,
                 capture_output=True,
