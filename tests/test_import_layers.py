@@ -32,6 +32,7 @@ PURE_MODULES = (
     "tfdp_utils.throughput._meter",
     "tfdp_utils.throughput._tags",
     "tfdp_utils.throughput._counts",
+    "tfdp_utils.throughput._input_wait",
     "tfdp_utils.throughput._report",
     "tfdp_utils.data._info",
     "tfdp_utils.cli",
