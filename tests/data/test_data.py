@@ -448,6 +448,7 @@ def test_fit_and_evaluate_without_steps_see_every_example_once(steps_per_executi
 def test_tf_keras_needs_the_dataset_steps_patch() -> None:
     from tfdp_utils import compat
     from tfdp_utils._tf import IS_KERAS3, keras
+    from tfdp_utils.compat import _one_iterator as one_iterator
     from tfdp_utils.compat import _tf_keras_datasets as tf_keras_datasets
 
     strategy = _mirrored(2)
@@ -463,11 +464,13 @@ def test_tf_keras_needs_the_dataset_steps_patch() -> None:
         return
     assert tf_keras_datasets.installed()  # the builder applied it
     compat.undo("tf_keras-datasets")
+    compat.undo("fit-one-iterator")  # it would hand fit the epoch's steps itself
     try:
         with pytest.raises(ValueError, match="must specify the number of steps"):
             model.fit(dist, epochs=2, verbose=0)
     finally:
         assert compat.apply_for_datasets() is True
+        one_iterator.install(applied_by="test")
     model.fit(dist, epochs=2, verbose=0)
     assert int(model.optimizer.iterations.numpy()) == 4
     # A repeating dataset still needs steps_per_epoch (tfdp_utils.compat._fit_binding says so first,
