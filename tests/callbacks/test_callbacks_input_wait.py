@@ -158,3 +158,48 @@ def test_a_plain_tf_data_dataset_says_the_share_is_unknown(tmp_path: Path) -> No
     acc = EventAccumulator(str(tmp_path / "global"), size_guidance={"tensors": 0})
     acc.Reload()
     assert tags.INPUT_WAIT_SHARE not in acc.Tags()["tensors"]
+
+
+def test_a_builder_dataset_without_a_strategy_says_the_share_is_unknown(tmp_path: Path) -> None:
+    # Without a strategy the builder returns a plain tf.data.Dataset: no clock, no false 0.
+    x = np.ones((64, 4), "float32")
+    dataset = tdu.build_distributed_dataset((x, x[:, :1]), global_batch_size=8)
+    logger = tdu.callbacks.ThroughputLogger(tmp_path, warmup_steps=1)
+    model_for(tf.distribute.get_strategy()).fit(dataset, verbose=0, callbacks=[logger])
+    summary = logger.summary()
+    assert summary["input_wait_share"] is None
+    assert "returned a plain tf.data.Dataset" in summary["input_wait_note"]
+
+
+def test_under_op_determinism_training_runs_and_the_share_is_unknown(tmp_path: Path) -> None:
+    # enable_op_determinism refuses tf.timestamp: the clock must count fetches without timing
+    # them, and the logger must say the share is unknown rather than report 0.
+    code = f"""
+import json, sys
+import numpy as np
+import tensorflow as tf
+tf.config.experimental.enable_op_determinism()
+import tfdp_utils as tdu
+from tfdp_utils._tf import keras
+from tfdp_utils.data._input_wait import clock_of
+
+x = np.ones((64, 4), "float32")
+strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+dist = tdu.build_distributed_dataset((x, x[:, :1]), strategy=strategy, global_batch_size=8)
+with strategy.scope():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+logger = tdu.callbacks.ThroughputLogger({str(tmp_path)!r}, warmup_steps=1, log_every_n_steps=2)
+model.fit(dist, epochs=2, verbose=0, callbacks=[logger])
+progress = clock_of(dist).progress()
+summary = logger.summary()
+print("RESULT " + json.dumps([summary["input_wait_share"], summary["input_wait_note"],
+                              progress.received, progress.waited_seconds]))
+"""
+    from support.processes import result_line, run_python
+
+    done = run_python(code, timeout=180)
+    share, note, received, waited = result_line(done)
+    assert share is None, done.stderr[-3000:]
+    assert "op determinism is enabled" in note
+    assert received >= 16 and waited == 0.0

@@ -42,6 +42,7 @@ from tfdp_utils.cluster import _topology as topology
 from tfdp_utils.compat import _fit_binding as fit_binding
 from tfdp_utils.compat._switch import disabled as keras_patches_disabled
 from tfdp_utils.data import _info as dataset_info
+from tfdp_utils.data import _input_wait as input_wait
 from tfdp_utils.data._info import DatasetInfo
 from tfdp_utils.throughput import _tags as tags
 from tfdp_utils.throughput._clock import PausableClock
@@ -339,10 +340,20 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         clock = None if data is None else data.input_clock
         if clock is None:
             what = "the data fit trains on" if data is None else data.kind
-            fit.input_wait_note = (
-                f"unknown: fit trains on {what}; the wait for input is measured inside the "
-                "step for datasets from tfdp_utils.build_distributed_dataset only"
-            )
+            if data is not None and data.info is not None:
+                fit.input_wait_note = (
+                    "unknown: build_distributed_dataset returned a plain tf.data.Dataset (no "
+                    "tf.distribute strategy in use), whose iterator Keras makes; the wait for "
+                    "input is measured for the datasets it distributes under a strategy"
+                )
+            else:
+                fit.input_wait_note = (
+                    f"unknown: fit trains on {what}; the wait for input is measured inside the "
+                    "step for datasets from tfdp_utils.build_distributed_dataset only"
+                )
+            return
+        if input_wait.determinism_enabled():
+            fit.input_wait_note = f"unknown: {input_wait.UNTIMED_UNDER_DETERMINISM}"
             return
         fit.input_wait = InputWaitMeter(lambda: clock.progress().waited_seconds)
 
@@ -515,6 +526,9 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
             final = self._read_step()
             self._final_point(fit, final)
             self._carried = tuple(fit.counter.counts)
+            clock = None if self._fit_data is None else self._fit_data.input_clock
+            if clock is not None and clock.untimed and fit.input_wait is not None:
+                fit.input_wait_note = f"unknown: {clock.untimed}"  # determinism came on in fit
             self._summary = self._build_summary(fit, final)
             self._writers.close()
 
@@ -920,6 +934,9 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         meter = fit.input_wait
         share = None if meter is None else meter.share
         result: dict[str, Any] = {"input_wait_share": share}
+        if meter is not None and fit.input_wait_note is not None:  # timing stopped in the fit
+            result.update(input_wait_share=None, input_wait_note=fit.input_wait_note)
+            return result
         if meter is None:
             result["input_wait_note"] = fit.input_wait_note
         elif share is None:

@@ -76,7 +76,7 @@ def _steps_class(base: type) -> type:
         if isinstance(base_cardinality, property) and base_cardinality.fget is not None:
             namespace["cardinality"] = property(_steps_cardinality(base_cardinality.fget))
         base_iter = getattr(base, "__iter__", None)
-        if callable(base_iter):
+        if input_wait.can_time(base) and callable(base_iter):
             namespace["__iter__"] = _timed_iter(base_iter)
         if len(namespace) == 1:
             return base
@@ -98,7 +98,8 @@ def attach(dist: Any, info: DatasetInfo, plan: ShardingPlan) -> Any:
     """``dist`` with ``tfdp_info`` and ``tfdp_plan`` set and its epoch's step count."""
     dist.tfdp_info = info
     dist.tfdp_plan = plan
-    dist.tfdp_input_clock = input_wait.InputClock(_host_device(dist))
+    if input_wait.can_time(type(dist)):  # a tf.distribute dataset (not a plain tf.data one)
+        dist.tfdp_input_clock = input_wait.InputClock(_host_device(dist))
     # fit/evaluate/predict check the dataset and hand it to callbacks; on tf_keras they also
     # take the epoch's steps from tfdp_info, as Keras 3 does.
     compat_changes.prepare_for_datasets(applied_by=_BUILDER)

@@ -66,6 +66,7 @@ class InputClock:
 
     def __init__(self, device: str | None = None) -> None:
         self.id = next(_ids)
+        self.untimed: str | None = None  # why fetches are counted but not timed
         # Plain resource variables, made outside any strategy's variable creator (a
         # tf.Variable made under strategy.scope() would be a mirrored one): one set per
         # worker, never synchronised.
@@ -78,10 +79,15 @@ class InputClock:
         """``fetch()``, with the time until its result has arrived added to the clock.
 
         Inside a ``tf.function`` the timestamps are ordered around the fetch by control
-        dependencies; eagerly the ops simply run in order.
+        dependencies; eagerly the ops simply run in order. Under op determinism
+        (``tf.config.experimental.enable_op_determinism()``), which refuses timestamps, only the
+        fetches are counted, and :attr:`untimed` says why the seconds stay 0.
         """
-        start = tf.timestamp()
-        with tf.control_dependencies([start]):
+        timing = not determinism_enabled()
+        if not timing:
+            self.untimed = UNTIMED_UNDER_DETERMINISM
+        start = tf.timestamp() if timing else None
+        with tf.control_dependencies([start] if start is not None else []):
             started = self._requested.assign_add(1, read_value=False)
         with tf.control_dependencies([started] if started is not None else []):
             value = fetch()
@@ -89,9 +95,9 @@ class InputClock:
             t for t in tf.nest.flatten(value, expand_composites=True) if isinstance(t, tf.Tensor)
         ]
         with tf.control_dependencies(arrived):
-            end = tf.timestamp()
-        self._waited.assign_add(end - start, read_value=False)
-        self._received.assign_add(1, read_value=False)
+            if start is not None:
+                self._waited.assign_add(tf.timestamp() - start, read_value=False)
+            self._received.assign_add(1, read_value=False)
         return value
 
     def progress(self) -> InputProgress:
@@ -104,12 +110,37 @@ class InputClock:
             )
 
 
+UNTIMED_UNDER_DETERMINISM = (
+    "op determinism is enabled (tf.config.experimental.enable_op_determinism()), and "
+    "TensorFlow refuses the timestamps that time each fetch"
+)
+
+
+def determinism_enabled() -> bool:
+    """Whether ``tf.config.experimental.enable_op_determinism()`` is in force (TensorFlow has
+    no public reader of it)."""
+    from tensorflow.python.framework import config
+
+    return bool(config.is_op_determinism_enabled())
+
+
 def _local_variable(value: Any, dtype: Any, name: str) -> Any:
     from tensorflow.python.ops import resource_variable_ops
 
     # The class itself, not tf.Variable: a strategy's variable creator scope applies to
     # tf.Variable(...) only.
     return resource_variable_ops.ResourceVariable(value, dtype=dtype, name=name, trainable=False)
+
+
+def can_time(dataset_class: type) -> bool:
+    """Whether the iterators of ``dataset_class`` can be timed: tf.distribute's distributed
+    datasets, whose iterators are ``DistributedIterator`` s. A plain ``tf.data.Dataset`` (the
+    builder's one-device form) is left alone: Keras iterates it its own way."""
+    from tensorflow.python.distribute import input_lib
+
+    return issubclass(
+        dataset_class, (input_lib.DistributedDataset, input_lib.DistributedDatasetsFromFunction)
+    )
 
 
 def clock_of(dataset: Any) -> InputClock | None:
