@@ -37,8 +37,10 @@ def block_from(ids):
     # Worker 1 keeps every 2nd id (shard_policy='data'), 4 a step: step k holds ids from
     # 8 (k - 1); from there its pipeline never delivers. Armed once training runs: Keras
     # iterates a first iterator it throws away (which would wait for a blocked element as
-    # it is freed); the pipeline runs a few steps ahead, far less than the k - 1 steps.
+    # it is freed). The pipeline may have run past id 8 (k - 1) before it was armed: the
+    # step that waits is the one of the lowest id that blocked (printed).
     if rank == 1 and armed and int(ids.max()) >= 8 * (at - 1):
+        print(f"BLOCKED {int(ids.max())}", flush=True)
         while True:
             time.sleep(1)
     return ids
@@ -174,15 +176,11 @@ def test_worker_stuck_in_a_callback_is_named_with_the_callback():
     importlib.util.find_spec("tfdp_utils.data._input_wait") is None,
     reason="needs the input clock of builder datasets (tfdp_input_clock)",
 )
-@pytest.mark.xfail(
-    reason="InputClock.timed counts a fetch as received without waiting for its batch (its "
-    "received.assign_add has no control dependency on the arrival), so a blocked fetch shows "
-    "requested == received; with that dependency added, this passes on both Kerases",
-    strict=False,
-)
 def test_worker_whose_input_blocks_is_named_with_input_and_the_step():
-    at = 20
-    rc0, out0, err0, _, err1 = _run("input", at)
+    rc0, out0, err0, out1, err1 = _run("input", 20)
+    blocked = [int(line.split()[1]) for line in out1.splitlines() if line.startswith("BLOCKED ")]
+    assert blocked, out1[-3000:]
+    at = min(blocked) // 8 + 1  # worker 1's step k holds ids 8 (k - 1) + 1, 3, 5, 7
     assert rc0 == 3, err0[-4000:]
     failure = _line(out0, "FAILED")
     assert failure["type"] == "DeadlineExceededError"
