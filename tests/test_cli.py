@@ -86,7 +86,8 @@ def test_report_json_agrees_with_the_table(logs: Path, capsys: pytest.CaptureFix
     ]
     assert rates["median"] == pytest.approx(1050.0)  # the written values: 1020..1064
     assert row[-1] == "-"  # the note column: nothing to say about a complete run
-    assert int(row[-2].replace(",", "")) == figures["examples"] == 64 * 64
+    assert row[-2] == "-" and figures["input_wait_share"] is None  # no input share logged
+    assert int(row[-3].replace(",", "")) == figures["examples"] == 64 * 64
     skew = data["replica_skew"]
     assert skew == pytest.approx(20 / 520)
     assert f"{100 * skew:.1f}%" in table

@@ -209,9 +209,12 @@ def test_apply_once_logged_once_from_many_threads(
         messages = [r.getMessage() for r in caplog.records if issue in r.getMessage()]
         assert len(messages) == 1, messages
         assert "TFDP_NO_KERAS_PATCHES=1" in messages[0]
-    # Each patch wraps Keras' own code, never a previous patch.
+    # Each patch wraps Keras' own code, never a workaround's patch (applying twice from many
+    # threads wraps nothing twice). It may wrap a process change installed before it: on
+    # Keras 3, fit-one-iterator also replaces _maybe_symbolic_build when a builder dataset
+    # was made earlier in the process, and keras#20585's patch then wraps that one.
     patches = _workaround_patches()
-    assert all(change_of(p.original) is None for p in patches)
+    assert all(change_of(p.original) in (None, "fit-one-iterator") for p in patches)
     assert len(_patched_attributes()) == len(patches)
     status = {s.issue: s for s in compat.status() if s.kind == "workaround"}
     assert {i: s.applied for i, s in status.items()} == {
