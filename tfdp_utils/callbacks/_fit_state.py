@@ -165,7 +165,13 @@ class FitState:
             self.input_wait.pause(reason)
 
     def resume(self, reason: str) -> float:
-        """Release ``reason``; the seconds the clock stood still, if it restarts."""
+        """Release ``reason``; the seconds the clock stood still, if it restarts.
+
+        The clock restarts first: reading the input-wait total (a host read of a variable) then
+        falls inside the measured time, as the hook's other work does, and the paused span
+        stays the boundary itself.
+        """
+        held = self.clock.resume(reason)
         if self.input_wait is not None:
             self.input_wait.resume(reason)
-        return self.clock.resume(reason)
+        return held
