@@ -31,15 +31,21 @@ STEPS = 26  # two epochs of 13; warm-up 2, windows of 8 steps (the last in epoch
 TOLERANCE = 0.10
 
 
+def sleeping(x: Any, seconds: float) -> Any:
+    """``x``, after a sleep of ``seconds`` inside the graph (a ``py_function``)."""
+
+    def wait(value: Any) -> Any:
+        time.sleep(seconds)
+        return value
+
+    y = tf.py_function(wait, [x], tf.float32)
+    y.set_shape(x.shape)
+    return y
+
+
 class Sleep(keras.layers.Layer):  # type: ignore[misc]
     def call(self, x: Any) -> Any:
-        def wait(value: Any) -> Any:
-            time.sleep(STEP_SLEEP)
-            return value
-
-        y = tf.py_function(wait, [x], tf.float32)
-        y.set_shape(x.shape)
-        return y
+        return sleeping(x, STEP_SLEEP)
 
 
 def strategy_of(replicas: int) -> Any:
@@ -52,19 +58,10 @@ def dataset(strategy: Any, delay: float, steps: int) -> Any:
     """``steps`` global batches, each read in ``delay`` seconds, one after the other."""
     n = steps * GLOBAL_BATCH
 
-    def slow(batch: Any) -> Any:
-        def wait(value: Any) -> Any:
-            time.sleep(delay)
-            return value
-
-        out = tf.py_function(wait, [batch], tf.float32)
-        out.set_shape(batch.shape)
-        return out
-
     source = (
         tf.data.Dataset.from_tensor_slices(np.ones((n, 4), "float32"))
         .batch(GLOBAL_BATCH)
-        .map(slow)
+        .map(lambda batch: sleeping(batch, delay))
         .unbatch()
         .apply(tf.data.experimental.assert_cardinality(n))
         .map(lambda x: (x, x[:1]))

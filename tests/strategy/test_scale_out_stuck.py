@@ -9,7 +9,6 @@ the same once the others wait for it, and the test ends it. Every wait has a dea
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import time
@@ -172,10 +171,6 @@ def test_worker_stuck_in_a_callback_is_named_with_the_callback():
     ), told
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("tfdp_utils.data._input_wait") is None,
-    reason="needs the input clock of builder datasets (tfdp_input_clock)",
-)
 def test_worker_whose_input_blocks_is_named_with_input_and_the_step():
     rc0, out0, err0, out1, err1 = _run("input", 20)
     blocked = [int(line.split()[1]) for line in out1.splitlines() if line.startswith("BLOCKED ")]
