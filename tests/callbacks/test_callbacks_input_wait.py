@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support.graph import sleeping
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import tfdp_utils as tdu
@@ -29,18 +30,6 @@ GLOBAL_BATCH = 8
 STEP_SLEEP = 0.04  # the model's step (per replica, in a py_function)
 STEPS = 26  # two epochs of 13; warm-up 2, windows of 8 steps (the last in epoch 2)
 TOLERANCE = 0.10
-
-
-def sleeping(x: Any, seconds: float) -> Any:
-    """``x``, after a sleep of ``seconds`` inside the graph (a ``py_function``)."""
-
-    def wait(value: Any) -> Any:
-        time.sleep(seconds)
-        return value
-
-    y = tf.py_function(wait, [x], tf.float32)
-    y.set_shape(x.shape)
-    return y
 
 
 class Sleep(keras.layers.Layer):  # type: ignore[misc]
