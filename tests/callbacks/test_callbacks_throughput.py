@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 import tensorflow as tf
+from support.graph import sleeping
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tfdp_utils import compat
@@ -27,6 +28,7 @@ BATCH = 8
 EPOCHS = 3
 WARMUP = 10
 EVERY = 40
+STEP_SLEEP = 0.004  # windows of 40 steps last 160 ms or more
 
 
 def read_run(path: Path) -> dict[str, list[tuple[int, float]]]:
@@ -47,12 +49,22 @@ def description(path: Path, tag: str) -> str:
     return str(acc.SummaryMetadata(tag).summary_description)
 
 
-def make_model(strategy: Any, steps_per_execution: int) -> Any:
+class Sleep(keras.layers.Layer):  # type: ignore[misc]
+    """A step of at least STEP_SLEEP per replica: the timer and the logger read the time in
+    two hooks one after the other, and a scheduler's pause between them (10-20 ms on a loaded
+    machine) must stay a small part of a window."""
+
+    def call(self, x: Any) -> Any:
+        return sleeping(x, STEP_SLEEP)
+
+
+def make_model(strategy: Any, steps_per_execution: int, sleep: bool = False) -> Any:
     with strategy.scope():
         model = keras.Sequential(
             [
                 keras.Input((32,)),
                 keras.layers.Dense(256, activation="relu"),
+                *([Sleep()] if sleep else []),
                 keras.layers.Dense(256, activation="relu"),
                 keras.layers.Dense(1),
             ]
@@ -162,7 +174,7 @@ def train(
         full_steps=150,
         tail=tail,
     )
-    model = make_model(strategy, steps_per_execution)
+    model = make_model(strategy, steps_per_execution, sleep=True)
     logger = ThroughputLogger(log_dir, dataset=info, log_every_n_steps=EVERY, warmup_steps=WARMUP)
     timer = StepTimer()
     patch = IS_KERAS3 and replicas > 1 and steps_per_execution > 1
