@@ -117,14 +117,40 @@ def test_a_checkpoint_of_another_setup_is_refused_before_training(
     assert _iterations(model) == 0  # nothing trained
 
 
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _flip_last_bytes(path: Path) -> None:  # same size: only the checksum can tell
+    content = bytearray(path.read_bytes())
+    content[-8:] = bytes(255 - b for b in content[-8:])
+    path.write_bytes(bytes(content))
+
+
+def _garbage(path: Path) -> None:
+    path.write_bytes(b"\0" * 5)
+
+
+@pytest.mark.parametrize(
+    ("data_damage", "index_damage"),
+    [
+        (_garbage, _garbage),
+        (_truncate, None),  # the index intact: it alone reads back
+        (_flip_last_bytes, None),
+        (None, _truncate),
+    ],
+    ids=["both-garbage", "data-truncated", "data-overwritten", "index-truncated"],
+)
 def test_a_damaged_newest_checkpoint_is_skipped_for_the_one_before(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, data_damage: Any, index_damage: Any
 ) -> None:
     _stopped_job(tmp_path, at=7, every_steps=3)  # saves after steps 3 and 6, then 7
     newest = tmp_path / "ckpt-000000000007"
     for data_file in newest.glob("variables.data-*"):
-        data_file.write_bytes(b"\0" * 5)
-    (newest / "variables.index").write_bytes(b"garbage")
+        if data_damage is not None:
+            data_damage(data_file)
+    if index_damage is not None:
+        index_damage(newest / "variables.index")
     strategy = _strategy()
     model = _model(strategy)
     checkpoint = _checkpoint(tmp_path)

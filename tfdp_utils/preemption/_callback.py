@@ -605,7 +605,11 @@ class _GraceMonitor:
 
 
 def _check_variables(prefix: str) -> None:
-    tf.train.load_checkpoint(prefix)
+    """Read every saved tensor back: the index alone says nothing of the data files (a
+    truncated or overwritten data file fails only here, by its size or its checksum)."""
+    reader = tf.train.load_checkpoint(prefix)
+    for name in reader.get_variable_to_shape_map():
+        reader.get_tensor(name)
 
 
 _FACT_WORDS = {  # the causes first: the steps per epoch follow from them
