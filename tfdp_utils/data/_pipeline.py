@@ -8,9 +8,10 @@ one small stage function at a time.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from tfdp_utils._tf import tf
@@ -19,6 +20,8 @@ from tfdp_utils.data._sharding import ShardingPlan, parallel_reads
 from tfdp_utils.data._sources import dense_only, is_dataset
 
 _SEED_STRIDE = 7919  # a prime: each worker's shuffle seed is seed + stride * worker index
+# The graph-level seed TensorFlow uses when none is set (tensorflow/python/framework/random_seed).
+_DEFAULT_GRAPH_SEED = 87654321
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +82,29 @@ def worker_seed(seed: int | None, index: int) -> int | None:
     return None if seed is None else seed + _SEED_STRIDE * index
 
 
+@contextlib.contextmanager
+def own_graph_seed() -> Iterator[None]:
+    """Shuffles given a tensor seed inside it ignore the global seed (in a traced function).
+
+    TensorFlow pairs an op's seed with the global seed (``tf.random.set_seed``,
+    ``keras.utils.set_random_seed``) and then compares the pair to ``(0, 0)`` in Python: a
+    tensor seed under a global seed of 0 fails in graph mode ("Using a symbolic tf.Tensor as
+    a Python bool"). Inside this block the traced graph's seed is TensorFlow's default, the
+    one an unseeded program has: a positioned stream's order then depends on its own seed
+    only, the same whatever global seed the interrupted and the resumed run set.
+    """
+    if tf.executing_eagerly():
+        yield
+        return
+    graph = tf.compat.v1.get_default_graph()
+    saved = graph.seed
+    graph.seed = _DEFAULT_GRAPH_SEED
+    try:
+        yield
+    finally:
+        graph.seed = saved
+
+
 # ------------------------------------------------------------------------------- stages
 
 
@@ -93,11 +119,12 @@ def read_files(recipe: Recipe, index: int, *, seed: Any = None, in_order: bool =
     files = recipe.plan.files_per_worker[index]
     file_ds = tf.data.Dataset.from_tensor_slices(tf.constant(list(files) or [""])).take(len(files))
     if recipe.shuffle_buffer_size is not None and not recipe.keeps_order and len(files) > 1:
-        file_ds = file_ds.shuffle(
-            len(files),
-            seed=worker_seed(recipe.seed, index) if seed is None else seed,
-            reshuffle_each_iteration=not in_order,
-        )
+        with own_graph_seed():
+            file_ds = file_ds.shuffle(
+                len(files),
+                seed=worker_seed(recipe.seed, index) if seed is None else seed,
+                reshuffle_each_iteration=not in_order,
+            )
     # Reads wait on storage latency (cloud storage, network file systems), not on a core:
     # one read in flight per file (up to the cap), where AUTOTUNE would stop at the core
     # count. The private thread pool is raised to match (see reader_threads).

@@ -34,6 +34,7 @@ from tfdp_utils.data._pipeline import (
     batch,
     call_source,
     map_and_cache,
+    own_graph_seed,
     read_files,
     split_steps,
     with_options,
@@ -178,9 +179,10 @@ def _one_epoch(recipe: Recipe, read_once: Any, index: int, workers: int, epoch: 
         read_once if read_once is not None else read_files(recipe, index, seed=seed, in_order=True)
     )
     if recipe.shuffle_buffer_size is not None:
-        dataset = dataset.shuffle(
-            recipe.shuffle_buffer_size, seed=seed, reshuffle_each_iteration=False
-        )
+        with own_graph_seed():  # a tensor seed: the global seed must not take part
+            dataset = dataset.shuffle(
+                recipe.shuffle_buffer_size, seed=seed, reshuffle_each_iteration=False
+            )
     if recipe.plan.policy == "data":
         dataset = dataset.shard(workers, index)
     if recipe.map_fn is not None and not recipe.maps_before_cache:
