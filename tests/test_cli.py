@@ -204,6 +204,50 @@ def test_env_json_lists_the_problems_auto_strategy_raises() -> None:
     assert problem["message"] in report["reason"]
 
 
+_GRACE_NOT_FINITE = pytest.mark.xfail(
+    strict=True,
+    reason="the exit guard's reading of TFDP_EXIT_GRACE (tfdp_utils/_exit_guard.py grace()) "
+    "accepts nan and inf, which faulthandler refuses when the backstop is armed; the check "
+    "follows that one rule, so it refuses them once the guard does",
+)
+
+
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [
+        ("abc", "must be a number of seconds, but received TFDP_EXIT_GRACE='abc'. Set it to e.g."),
+        ("-1", "must be a number of seconds >= 0, but received TFDP_EXIT_GRACE='-1'. Set it to"),
+        pytest.param("nan", "TFDP_EXIT_GRACE='nan'", marks=_GRACE_NOT_FINITE),
+        pytest.param("inf", "TFDP_EXIT_GRACE='inf'", marks=_GRACE_NOT_FINITE),
+    ],
+)
+def test_env_refuses_the_exit_grace_the_exit_guard_refuses(value: str, named: str) -> None:
+    # Before: "Environment check: OK", exit 0 and "would build: OneDeviceStrategy", while
+    # auto_strategy() raised this message when it installed the exit guard.
+    from tfdp_utils import _exit_guard
+
+    with pytest.raises(ValueError) as raised:  # the guard's own reading of the variable
+        _exit_guard.grace({"TFDP_EXIT_GRACE": value})
+    message = str(raised.value)
+    assert message.startswith("TFDP_EXIT_GRACE ") and named in message
+    result = run_cli("env", env={"TFDP_EXIT_GRACE": value})
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    out = result.stdout
+    assert "- Environment check: 1 problem(s); auto_strategy() raises the first:" in out
+    assert f"  - TFDP_EXIT_GRACE: {message}\n" in out
+    assert "- Strategy auto_strategy() would build: none, it raises here" in out
+    assert f"- Why: auto_strategy() raises ValueError here: {message}\n" in out
+
+
+def test_env_accepts_an_empty_exit_grace() -> None:
+    # An empty value counts as unset, for the guard (its default backstop) and for the check.
+    result = run_cli("env", env={"TFDP_EXIT_GRACE": ""})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "- Environment check: OK" in result.stdout
+    assert "- Strategy auto_strategy() would build: OneDeviceStrategy" in result.stdout
+
+
 def test_env_prints_what_it_knows_before_importing_tensorflow(tmp_path: Path) -> None:
     # A stand-in TensorFlow that says when it is imported: the facts come out before it.
     (tmp_path / "tensorflow.py").write_text(

@@ -308,6 +308,7 @@ def test_doctor_fails_with_the_keras_workarounds_turned_off() -> None:
         ({"TFDP_STRATEGY": "nonsense"}, "TFDP_STRATEGY='nonsense' is not a strategy choice"),
         ({"TF_CONFIG": "["}, "TF_CONFIG is invalid: it is not valid JSON"),
         ({"TFDP_COLLECTIVE_TIMEOUT": "-1"}, "TFDP_COLLECTIVE_TIMEOUT=-1.0 must be a positive"),
+        ({"TFDP_EXIT_GRACE": "abc"}, "TFDP_EXIT_GRACE must be a number of seconds, but received"),
     ],
 )
 def test_doctor_fails_on_an_environment_auto_strategy_refuses(

@@ -40,6 +40,8 @@ CHECKED_VARIABLES = (
     "TFDP_COLLECTIVE_TIMEOUT",
     "TFDP_SERVICE_TIMEOUT",
     "TFDP_SLURM_PORT_BASE",
+    "TFDP_EXIT_GRACE",
+    "TFDP_EXIT_GUARD",
     "SLURM_PROCID",
     "SLURM_STEP_NUM_TASKS",
     "SLURM_NTASKS",
@@ -226,6 +228,45 @@ ENVIRONMENTS: list[tuple[str, dict[str, str], Raises | Accepts]] = [
 ]
 
 
+# The exit guard's variable, which auto_strategy() reads when it installs the guard: the same
+# agreement test, outside the campaign's counted table (docs/errors.md states its counts).
+EXIT_GUARD_ENVIRONMENTS: list[tuple[str, dict[str, str], Raises | Accepts]] = [
+    (
+        "env: TFDP_EXIT_GRACE=abc",
+        {"TFDP_EXIT_GRACE": "abc"},
+        Raises(
+            ValueError,
+            r"TFDP_EXIT_GRACE must be a number of seconds, but received TFDP_EXIT_GRACE='abc'\. "
+            r"Set it to e\.g\. 8\.",
+        ),
+    ),
+    (
+        "env: TFDP_EXIT_GRACE=-1",
+        {"TFDP_EXIT_GRACE": "-1"},
+        Raises(
+            ValueError,
+            r"TFDP_EXIT_GRACE must be a number of seconds >= 0, but received "
+            r"TFDP_EXIT_GRACE='-1'\. Set it to e\.g\. 8, or 0 to turn the backstop off\.",
+        ),
+    ),
+    (
+        "env: TFDP_EXIT_GRACE=''",
+        {"TFDP_EXIT_GRACE": ""},
+        Accepts("an empty TFDP_EXIT_GRACE counts as unset: the backstop's default"),
+    ),
+    (
+        "env: TFDP_EXIT_GRACE=0",
+        {"TFDP_EXIT_GRACE": "0"},
+        Accepts("0 turns the exit guard's backstop off"),
+    ),
+    (
+        "env: TFDP_EXIT_GRACE=abc with TFDP_EXIT_GUARD=0",
+        {"TFDP_EXIT_GRACE": "abc", "TFDP_EXIT_GUARD": "0"},
+        Accepts("the exit guard is never installed, so its grace is never read"),
+    ),
+]
+
+
 def _environment_case(
     name: str, variables: dict[str, str], outcome: Raises | Accepts
 ) -> tuple[str, Callable[[], Any], Raises | Accepts]:
@@ -292,10 +333,17 @@ def test_hostile_input(call: Callable[[], Any], outcome: Raises | Accepts) -> No
     check_case(call, outcome)
 
 
+@parametrize([_environment_case(*row) for row in EXIT_GUARD_ENVIRONMENTS])
+def test_the_exit_guards_variables(call: Callable[[], Any], outcome: Raises | Accepts) -> None:
+    # Before: auto_strategy() refused TFDP_EXIT_GRACE=abc only when it installed the guard,
+    # after building the strategy, while `env` and `doctor` said the environment was valid.
+    check_case(call, outcome)
+
+
 @pytest.mark.parametrize(
     ("variables", "outcome"),
-    [row[1:] for row in ENVIRONMENTS],
-    ids=[row[0] for row in ENVIRONMENTS],
+    [row[1:] for row in ENVIRONMENTS + EXIT_GUARD_ENVIRONMENTS],
+    ids=[row[0] for row in ENVIRONMENTS + EXIT_GUARD_ENVIRONMENTS],
 )
 def test_env_doctor_and_auto_strategy_agree(
     variables: dict[str, str], outcome: Raises | Accepts, monkeypatch: pytest.MonkeyPatch
@@ -319,6 +367,22 @@ def test_env_doctor_and_auto_strategy_agree(
     assert failed[0].detail == message
     assert doctor.exit_code(checks) == 1
     assert len(failed) == len(facts["environment_problems"])
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "nan", "inf", "", "0", " 2.5 "])
+def test_the_exit_grace_verdict_is_the_exit_guards(value: str) -> None:
+    # One rule: the check calls the guard's own reading of the variable (what auto_strategy()
+    # installs), so the check refuses exactly what the guard refuses, in its words.
+    from tfdp_utils import _exit_guard
+
+    environ = {"TFDP_EXIT_GRACE": value}
+    problems = check_environment(environ)
+    try:
+        _exit_guard.grace(environ)
+    except ValueError as exc:
+        assert [(p.variable, p.message) for p in problems] == [("TFDP_EXIT_GRACE", str(exc))]
+    else:
+        assert problems == ()
 
 
 @pytest.mark.parametrize("value", ["abc", "-3", "0", "nan"])

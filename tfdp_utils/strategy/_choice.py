@@ -307,9 +307,9 @@ def auto_strategy(
         ValueError: unknown ``prefer``, unknown devices, a bad ``collective_timeout``, a
             parameter-server cluster under Keras 3 or on a ``worker`` / ``ps`` task; or an
             environment variable tfdp-utils reads that is malformed (TF_CONFIG, ``SLURM_*``,
-            ``TFDP_STRATEGY``, ``TFDP_*_TIMEOUT``, ``TFDP_SLURM_PORT_BASE``), checked first,
-            before TensorFlow is imported, with the message ``tfdp-utils env`` and ``doctor``
-            print for the same environment.
+            ``TFDP_STRATEGY``, ``TFDP_*_TIMEOUT``, ``TFDP_SLURM_PORT_BASE``,
+            ``TFDP_EXIT_GRACE``), checked first, before TensorFlow is imported, with the
+            message ``tfdp-utils env`` and ``doctor`` print for the same environment.
         ClusterTimeoutError: peers did not start within ``cluster_timeout``.
         TPUProbeError: ``prefer="tpu"`` and the TPU could not be reached.
 

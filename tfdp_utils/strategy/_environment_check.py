@@ -4,8 +4,8 @@
 first problem as a ``ValueError``), ``tfdp-utils env`` (which prints every problem and names no
 strategy) and ``tfdp-utils doctor`` (a FAIL line per problem), so the same environment gets the
 same verdict and the same words in all three. Each check calls the code that reads the
-variable when it is used (``parse_tf_config``, ``parse_slurm``, the timeout resolvers), so the
-message is the one a job would meet later, only earlier.
+variable when it is used (``parse_tf_config``, ``parse_slurm``, the timeout resolvers, the exit
+guard's ``grace``), so the message is the one a job would meet later, only earlier.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import os
 import re
 from collections.abc import Callable, Mapping
 
-from tfdp_utils import _variables
+from tfdp_utils import _exit_guard, _variables
 from tfdp_utils._validate import env_seconds, mapping, positive_float
 from tfdp_utils.cluster._environments import ENVIRONMENTS
 from tfdp_utils.cluster._slurm import slurm_port_base
@@ -47,6 +47,7 @@ CHECKED: tuple[str, ...] = (
     _variables.COLLECTIVE_TIMEOUT,
     _variables.SERVICE_TIMEOUT,
     _variables.SLURM_PORT_BASE,
+    _variables.EXIT_GRACE,
 )
 """The variables :func:`check_environment` checks, in its order."""
 
@@ -136,12 +137,20 @@ def _slurm_port_base(environ: Mapping[str, str]) -> None:
         slurm_port_base(environ)
 
 
+def _exit_grace(environ: Mapping[str, str]) -> None:
+    # The exit guard's own reading, made where auto_strategy() installs the guard; with
+    # TFDP_EXIT_GUARD off the guard is never installed and the value is never read.
+    if _exit_guard.wanted(dict(environ)):
+        _exit_guard.grace(dict(environ))
+
+
 _VARIABLE_CHECKS: tuple[tuple[str, Callable[[Mapping[str, str]], None]], ...] = (
     (_variables.STRATEGY, _strategy),
     (_variables.CLUSTER_TIMEOUT, _cluster_timeout),
     (_variables.COLLECTIVE_TIMEOUT, _collective_timeout),
     (_variables.SERVICE_TIMEOUT, _service_timeout),
     (_variables.SLURM_PORT_BASE, _slurm_port_base),
+    (_variables.EXIT_GRACE, _exit_grace),
 )
 
 
@@ -149,8 +158,9 @@ def check_environment(environ: Mapping[str, str] | None = None) -> tuple[Environ
     """Every problem with the variables tfdp-utils reads, in the order of :data:`CHECKED`.
 
     TF_CONFIG, srun's ``SLURM_*`` variables, ``TFDP_STRATEGY``, ``TFDP_CLUSTER_TIMEOUT``,
-    ``TFDP_COLLECTIVE_TIMEOUT``, ``TFDP_SERVICE_TIMEOUT`` and ``TFDP_SLURM_PORT_BASE``. Reads
-    nothing but ``environ``: no TensorFlow, no network.
+    ``TFDP_COLLECTIVE_TIMEOUT``, ``TFDP_SERVICE_TIMEOUT``, ``TFDP_SLURM_PORT_BASE`` and
+    ``TFDP_EXIT_GRACE`` (unless ``TFDP_EXIT_GUARD`` turns the exit guard off). Reads nothing
+    but ``environ``: no TensorFlow, no network.
 
     Args:
         environ: the variables to check. Defaults to `None` (``os.environ``).
