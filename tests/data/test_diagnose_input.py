@@ -367,3 +367,41 @@ def test_bad_inputs_say_what_was_received_and_how_to_fix_it() -> None:
     for bad_model, bad_dataset, kwargs, error, match in cases:
         with pytest.raises(error, match=match):
             tdu.diagnose_input(bad_model, bad_dataset, **kwargs)
+
+
+def _fitted_sequential(strategy: Any) -> Any:
+    """A Sequential without keras.Input, built by fit on 8 features."""
+    with strategy.scope():
+        model = keras.Sequential([keras.layers.Dense(16), keras.layers.Dense(1)])
+        model.compile(optimizer="adam", loss="mse", jit_compile=False)
+    model.fit(X[:BATCH], Y[:BATCH], batch_size=BATCH, epochs=1, verbose=0)
+    return model
+
+
+@pytest.mark.keras
+@pytest.mark.parametrize(
+    ("kind", "replicas"), [("functional", 2), ("sequential", 1), ("sequential", 2)]
+)
+def test_elements_that_do_not_fit_the_model_name_both_shapes(kind: str, replicas: int) -> None:
+    # Before: TensorFlow's "Matrix size-incompatible: In[0]: [64,3], In[1]: [8,16]" (a model
+    # built by fit, Keras 3, one replica) or Keras' input-spec error from inside the trace,
+    # neither naming the dataset nor the fix.
+    strategy = _mirrored(replicas)
+    model = _model(strategy) if kind == "functional" else _fitted_sequential(strategy)
+    narrow = tf.data.Dataset.from_tensor_slices((X[:, :3], Y)).batch(BATCH)
+    before = [np.array(w.numpy()) for w in model.weights]
+    with pytest.raises(ValueError) as raised:
+        tdu.diagnose_input(model, narrow, steps=2, max_seconds=1)
+    message = str(raised.value)
+    assert type(raised.value) is ValueError, message
+    assert message.startswith("dataset's elements do not fit the model: the dataset gives (")
+    assert str(narrow.element_spec) in message  # what was received
+    assert "the model takes x of shape (None, 8)" in message  # what was expected
+    assert "Make the dataset give x of shape (None, 8)" in message  # how to fix it
+    assert "keras.Input(shape=(3,))" in message
+    assert "\x1b[" not in message  # Keras' colour codes are left out
+    original = raised.value.__cause__
+    assert isinstance(original, (ValueError, tf.errors.InvalidArgumentError)), original
+    assert "incompatible" in str(original).lower()
+    after = [np.array(w.numpy()) for w in model.weights]  # the weights are as they were
+    assert all(np.array_equal(a, b) for a, b in zip(before, after, strict=True))

@@ -15,8 +15,10 @@ written back after, so the user's model is as it was.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -190,6 +192,75 @@ def _check_batched(model: Any, dataset: Any) -> None:
             f"fewer than the model's input {tuple(inputs[0].shape)} with its batch dimension: "
             f"it looks unbatched. {_BATCH_IT}"
         )
+
+
+def _input_shapes(model: Any) -> list[tuple[int | None, ...]] | None:
+    """The shapes the model's inputs declare (batch dimension first), or None when it declares
+    none (a subclassed model, a Sequential without ``keras.Input`` not built yet)."""
+    try:
+        inputs = list(model.inputs or [])
+    except (AttributeError, TypeError, ValueError):
+        return None
+    shapes = [tf.TensorShape(tensor.shape).as_list() for tensor in inputs]
+    # The batch dimension is any size (a model built by fit can record its first batch's).
+    return [(None, *shape[1:]) if shape else () for shape in shapes] or None
+
+
+def _x_specs(element_spec: Any) -> list[Any]:
+    """The specs of an element's x: the first part of an ``(x, y, ...)`` tuple, else all."""
+    x = element_spec[0] if isinstance(element_spec, tuple) and element_spec else element_spec
+    return list(tf.nest.flatten(x))
+
+
+def _shape_text(shape: Any) -> str:
+    return str(tuple(tf.TensorShape(shape).as_list()))
+
+
+def _what_failed(error: BaseException) -> str:
+    """The line of ``error``'s message that says what did not fit (no colour codes)."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    named = [line for line in lines if "incompatible" in line.lower()]
+    return (named or lines or [type(error).__name__])[0]
+
+
+def _misfit_error(
+    expected: list[tuple[int | None, ...]] | None, element_spec: Any, error: BaseException
+) -> ValueError | None:
+    """A clear error when ``error`` (from the model's first call on a batch) says the dataset's
+    elements do not fit the model, whose inputs declared the shapes ``expected``; None when it
+    says something else (re-raised as it is)."""
+    x_specs = _x_specs(element_spec)
+    x_misfits = (
+        expected is not None
+        and len(expected) == len(x_specs)
+        and not all(
+            tf.TensorShape(shape).is_compatible_with(getattr(spec, "shape", None))
+            for shape, spec in zip(expected, x_specs, strict=True)
+        )
+    )
+    if not x_misfits and "incompatible" not in str(error).lower():
+        return None
+    if expected is None:
+        takes = "the model declares no input shape (it has no keras.Input)"
+    else:
+        shapes = " and ".join(_shape_text(shape) for shape in expected)
+        takes = f"the model takes x of shape {shapes} (batch dimension first)"
+    if x_misfits and expected is not None:
+        fix = f"Make the dataset give x of shape {shapes} (e.g. fix the map that makes it)"
+        if len(x_specs) == 1:
+            features = tuple(tf.TensorShape(x_specs[0].shape).as_list()[1:])
+            fix += f", or build the model for this data: keras.Input(shape={features})"
+    else:
+        fix = (
+            "Make the dataset give what fit takes for this model: (x, y) with x of the shape "
+            "the model takes and y of the shape its loss compares with the model's output"
+        )
+    return ValueError(
+        f"dataset's elements do not fit the model: the dataset gives {element_spec}, "
+        f"{'but' if x_misfits else 'and'} {takes}; its train step failed on the first batch "
+        f"with {type(error).__name__}: {_what_failed(error)}. {fix}."
+    )
 
 
 def _is_distributed(dataset: Any) -> bool:
@@ -516,7 +587,8 @@ def diagnose_input(
         TypeError: ``model`` is not a Keras model, ``dataset`` is not a dataset, or
             ``steps``/``max_seconds`` are not numbers.
         ValueError: the model is not compiled, the dataset is unbatched or gives no batch,
-            ``steps`` < 1 or ``max_seconds`` <= 0.
+            its elements do not fit the model (naming the element spec and the model's input
+            shape), ``steps`` < 1 or ``max_seconds`` <= 0.
         StrategyMismatchError: the dataset (or the model's weights) belong to another
             strategy than the model's.
 
@@ -584,7 +656,8 @@ def diagnose_input(
 
     # The model is built (as fit does before its first step) before its state is read.
     replica_batch = strategy.experimental_local_results(first[0])[0]
-    _tf.build_for_training(model, replica_batch)
+    with _fitting(model, pipeline.element_spec):
+        _tf.build_for_training(model, replica_batch)
     model.make_train_function()
     train = model.train_function
     per_call = _tf.steps_per_execution(model)
@@ -592,7 +665,9 @@ def diagnose_input(
     try:
         # The train step is traced for the dataset's iterator now, so that the clock of the
         # together phase never runs while the pipeline fills its buffers during a trace.
-        feed.run(train)
+        # The model's first call on a batch: elements that do not fit it fail here.
+        with _fitting(model, pipeline.element_spec):
+            feed.run(train)
         feed.close()
         first.clear()
 
@@ -690,6 +765,20 @@ def diagnose_input(
         dataset=_describe_dataset(dataset, distributed, info is not None),
         notes=notes,
     )
+
+
+@contextlib.contextmanager
+def _fitting(model: Any, element_spec: Any) -> Iterator[None]:
+    """Turn an error that says the elements do not fit the model into a clear ValueError (the
+    original chained); other errors pass as they are."""
+    expected = _input_shapes(model)  # before the call: tf_keras relaxes a Sequential's inputs
+    try:
+        yield
+    except (ValueError, tf.errors.InvalidArgumentError) as exc:
+        error = _misfit_error(expected, element_spec, exc)
+        if error is None:
+            raise
+        raise error from exc
 
 
 def _per_call_steps(rate: Rate, per_call: int) -> Rate:
