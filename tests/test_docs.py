@@ -22,9 +22,18 @@ FENCE = re.compile(r"^```python[^\n]*\n(.*?)^```", re.S | re.M)
 # parallelism): each page in order, in its own fresh namespace, in its own empty folder, as a
 # reader pasting them would; MirroredStrategy's collective keys move on between pages (as
 # conftest does between tests). Each page's result is written to the report file as soon as it
-# is known, so a runner that dies still reports the pages before.
+# is known, so a runner that dies still reports the pages before. pytest cannot be imported
+# there: a reader runs the examples with plain python.
 RUNNER = r"""
 import contextlib, io, json, os, sys, traceback
+
+class NoPytest:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in ("pytest", "_pytest"):
+            raise ImportError(f"{name}: the docs' examples must run with plain python, no pytest")
+        return None
+
+sys.meta_path.insert(0, NoPytest())
 import tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
@@ -92,6 +101,17 @@ def test_code_blocks_run(page: str, page_results: tuple[dict[str, str], str]) ->
     results, runner_output = page_results
     assert page in results, f"{page}: the runner died before or in this page\n{runner_output}"
     assert results[page] == "ok", results[page]
+
+
+PYTEST_USE = re.compile(r"^\s*(?:import|from)\s+_?pytest\b|\bpytest\.", re.M)
+
+
+@pytest.mark.parametrize("page", PAGES_WITH_CODE)
+def test_code_blocks_need_no_pytest(page: str) -> None:
+    # A reader copies the examples into plain python, where pytest.raises does not exist
+    # (docs/strategy.md's TF_CONFIG example used it).
+    for number, block in enumerate(python_blocks(page), 1):
+        assert not PYTEST_USE.search(block), f"{page} block {number} uses pytest:\n{block}"
 
 
 def test_every_nav_page_exists() -> None:
