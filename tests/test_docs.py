@@ -39,7 +39,7 @@ cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 report, root = sys.argv[1], sys.argv[2]
 pages = json.loads(sys.stdin.read())
-results = {}
+results, printed = {}, {}
 for page, blocks in pages.items():
     tf.distribute.MirroredStrategy._collective_key_base += 100_000
     folder = os.path.join(root, page)
@@ -47,6 +47,7 @@ for page, blocks in pages.items():
     os.chdir(folder)
     namespace = {"__name__": "__docs__"}
     status = "ok"
+    printed[page] = []
     for number, block in enumerate(blocks, 1):
         out = io.StringIO()
         try:
@@ -55,9 +56,11 @@ for page, blocks in pages.items():
         except BaseException:
             status = f"block {number} failed:\n{block}\n{traceback.format_exc()}"
             break
+        finally:
+            printed[page].append(out.getvalue())
     results[page] = status
     with open(report + ".tmp", "w") as file:
-        json.dump(results, file)
+        json.dump({"results": results, "printed": printed}, file)
     os.replace(report + ".tmp", report)
 """
 
@@ -68,10 +71,34 @@ def python_blocks(page: str) -> list[str]:
 
 PAGES_WITH_CODE = [p for p in PAGES if python_blocks(p)]
 
+# What a page shows a Python block prints: a text block right after it, marked with a comment
+# that mkdocs does not render; `output: keras3` / `output: tf_keras` for one Keras flavour.
+SHOWN_OUTPUT = re.compile(
+    r"\A\s*<!-- output(?:: (keras3|tf_keras))? -->\n```text\n(.*?)^```\n", re.S | re.M
+)
+
+
+def shown_outputs(page: str) -> list[tuple[int, str | None, str]]:
+    """(number of the Python block, Keras flavour or None for both, text shown) of a page."""
+    text = (DOCS / page).read_text()
+    shown = []
+    for number, block in enumerate(FENCE.finditer(text), 1):
+        rest = text[block.end() :]
+        while match := SHOWN_OUTPUT.match(rest):
+            shown.append((number, match.group(1), match.group(2)))
+            rest = rest[match.end() :]
+    return shown
+
+
+PAGES_WITH_SHOWN_OUTPUT = [p for p in PAGES_WITH_CODE if shown_outputs(p)]
+
 
 @pytest.fixture(scope="module")
-def page_results(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, str], str]:
-    """Every page's blocks run in one process; each page's status, and the runner's output."""
+def page_results(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[dict[str, str], dict[str, list[str]], str]:
+    """Every page's blocks run in one process: each page's status, what each of its blocks
+    printed, and the runner's output."""
     root = tmp_path_factory.mktemp("docs")
     report = root / "report.json"
     pages = {page: python_blocks(page) for page in PAGES_WITH_CODE}
@@ -90,17 +117,48 @@ def page_results(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, st
         runner.kill()
         output, _ = runner.communicate()
         output = "runner still running after 540 s, killed\n" + output
-    results = json.loads(report.read_text()) if report.exists() else {}
-    return results, f"runner rc={runner.returncode}\n{output[-5000:]}"
+    ran = json.loads(report.read_text()) if report.exists() else {}
+    runner_output = f"runner rc={runner.returncode}\n{output[-5000:]}"
+    return ran.get("results", {}), ran.get("printed", {}), runner_output
 
 
 @pytest.mark.slow
 @pytest.mark.keras
 @pytest.mark.parametrize("page", PAGES_WITH_CODE)
-def test_code_blocks_run(page: str, page_results: tuple[dict[str, str], str]) -> None:
-    results, runner_output = page_results
+def test_code_blocks_run(
+    page: str, page_results: tuple[dict[str, str], dict[str, list[str]], str]
+) -> None:
+    results, _, runner_output = page_results
     assert page in results, f"{page}: the runner died before or in this page\n{runner_output}"
     assert results[page] == "ok", results[page]
+
+
+@pytest.mark.slow
+@pytest.mark.keras
+@pytest.mark.parametrize("page", PAGES_WITH_SHOWN_OUTPUT)
+def test_shown_output_is_what_the_code_prints(
+    page: str, page_results: tuple[dict[str, str], dict[str, list[str]], str]
+) -> None:
+    # docs/compat.md showed ('keras#19246',) for tdu.compat.applied() long after keras#20582's
+    # workaround was applied to MirroredStrategy too.
+    from tfdp_utils._tf import KERAS_FLAVOUR
+
+    results, printed, runner_output = page_results
+    assert results.get(page) == "ok", results.get(page, runner_output)
+    for number, flavour, shown in shown_outputs(page):
+        if flavour in (None, KERAS_FLAVOUR):
+            assert printed[page][number - 1] == shown, (
+                f"{page}: block {number} prints (on {KERAS_FLAVOUR}):\n"
+                f"{printed[page][number - 1]}but the page shows:\n{shown}"
+            )
+
+
+def test_shown_outputs_are_found() -> None:
+    # The marker is read as intended (a typo would leave a page's output unchecked).
+    assert {flavour for _, flavour, _ in shown_outputs("compat.md")} == {"keras3", "tf_keras"}
+    for page in PAGES:
+        markers = (DOCS / page).read_text().count("<!-- output")
+        assert markers == len(shown_outputs(page)), f"{page}: an output marker is not read"
 
 
 PYTEST_USE = re.compile(r"^\s*(?:import|from)\s+_?pytest\b|\bpytest\.", re.M)
