@@ -310,8 +310,11 @@ def optimizer_batch_counter(optimizer: Any) -> Any:
     updates (their batch counter floor-divided by k); the batch counter itself is the
     private ``_iterations``. Without accumulation (and on tf_keras) it is ``iterations``.
     """
-    if getattr(optimizer, "gradient_accumulation_steps", None):
-        return getattr(optimizer, "_iterations", optimizer.iterations)
+    # Keras 3's LossScaleOptimizer holds the accumulating optimizer (its own counters and
+    # gradient_accumulation_steps are unset) and reports the inner one's iterations.
+    inner = getattr(optimizer, "inner_optimizer", optimizer) if IS_KERAS3 else optimizer
+    if getattr(inner, "gradient_accumulation_steps", None):
+        return getattr(inner, "_iterations", inner.iterations)
     return optimizer.iterations
 
 

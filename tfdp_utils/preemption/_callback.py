@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import math
 import os
 import random
 import threading
@@ -34,6 +35,7 @@ from tfdp_utils.compat import _fit_binding as fit_binding
 from tfdp_utils.compat import _resume_position as resume_position
 from tfdp_utils.errors import ResumeMismatchError
 from tfdp_utils.preemption import _agreement as agreement
+from tfdp_utils.preemption import _backups as backups
 from tfdp_utils.preemption import _signals as signals_
 from tfdp_utils.preemption import _store as store
 from tfdp_utils.training import _accumulation as accumulation
@@ -142,7 +144,19 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
     ) -> contextlib.AbstractContextManager[Any]:
         """Position ``fit``'s data and counters at the latest checkpoint (or the start)."""
         given = arguments.get("steps_per_epoch")
-        run, dataset = self._position(arguments.get("x"), arguments.get("initial_epoch", 0))
+        callbacks = arguments.get("callbacks")
+        beside = backups.backups_in(callbacks)
+        if isinstance(callbacks, (list, tuple)):
+            # Our on_train_begin after BackupAndRestore's: the state followed is restored last.
+            # A stop after a notice ends the epoch's loop first, before any other callback's
+            # epoch-end or validation hooks (they would act on a cut epoch: BackupAndRestore
+            # would save it as complete, a learning-rate callback step on it).
+            ordered = backups.after_backups(callbacks, self) if beside else list(callbacks)
+            arguments["callbacks"] = [_StopFirst(self), *ordered]
+        run, dataset = self._position(
+            arguments.get("x"), arguments.get("initial_epoch", 0), beside=beside
+        )
+        _say_if_finished(run, arguments.get("epochs", 1), self.resumed_from)
         if given is not None and given != run.steps_per_epoch:
             raise ValueError(
                 f"steps_per_epoch={given!r} differs from the dataset's epoch of "
@@ -163,19 +177,27 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
         arguments["steps_per_epoch"] = run.steps_per_epoch
         arguments["initial_epoch"] = run.epoch
         self._run = run
-        # One process without periodic saves needs nothing per step: a notice sets Keras'
-        # stop_training (as EarlyStopping does), the epoch's loop ends after the step that
-        # runs, and the position is read from the optimizer's step count. Otherwise a batch
-        # hook acts at a step boundary (on Keras 3 it costs a host sync per step).
-        run.per_step = run.num_workers > 1 or self.every_steps is not None
+        # One process without periodic saves or accumulation needs nothing per step: a notice
+        # sets Keras' stop_training (as EarlyStopping does), the epoch's loop ends after the
+        # step that runs, and the position is the last step begun (a batch-begin hook: Python
+        # only, no host sync). Otherwise a batch-end hook acts at a step boundary (on Keras 3
+        # it costs a host sync per step); under accumulation it waits for the update, so that
+        # no gradients are pending in the accumulators when the state is saved.
+        run.accumulation = accumulation.accumulation_steps(model)
+        run.per_step = run.num_workers > 1 or self.every_steps is not None or run.accumulation > 1
+        run.steps_per_execution = _tf.steps_per_execution(model)
         if run.per_step:
             self.on_train_batch_end = self._on_train_batch_end
         else:
             self.__dict__.pop("on_train_batch_end", None)
+        _say_save_granularity(self.every_steps, run.steps_per_execution, run.accumulation)
         return self._fit_call(run.done, model if not run.per_step else None)
 
-    def _position(self, x: Any, initial_epoch: Any) -> tuple[_Run, Any]:
-        """The run's position (the latest checkpoint's, or the start) and its dataset."""
+    def _position(
+        self, x: Any, initial_epoch: Any, *, beside: list[Any] | None = None
+    ) -> tuple[_Run, Any]:
+        """The run's position (the latest checkpoint's, a newer ``BackupAndRestore`` backup's,
+        or the start) and its dataset."""
         self.notice = signals_.Notice()  # a notice ends one run: the next starts afresh
         self.saved_path = None
         resumable = self._resumable(x)
@@ -186,14 +208,44 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
         facts = resumable.facts()
         if latest is not None:
             _check_facts(latest, facts)
+            _check_flavour(latest)
             epoch, step = int(latest.state["epoch"]), int(latest.state["step_in_epoch"])
-            seed = latest.state.get("seed")
+            seed = _checked_seed(latest, resumable.recipe.seed)
         else:
             epoch, step = int(initial_epoch or 0), 0
             seed = resumable.recipe.seed
             if seed is None and resumable.shuffles:
                 seed = random.randrange(2**31)  # kept in every checkpoint of this run
         self.resumed_from = latest.path if latest is not None else None
+        backup = backups.newest(beside or [], resumable.steps_per_epoch)
+        spe = resumable.steps_per_epoch
+        if backup is not None and backup.global_step(spe) > epoch * spe + step:
+            # BackupAndRestore's newer state is restored whole (its on_train_begin): the
+            # data and Keras' steps follow it, with this job's shuffle seed.
+            logger.warning(
+                "tfdp_utils: PreemptionCheckpoint follows BackupAndRestore's backup %s "
+                "(epoch %d, step %d of %d), newer than %s; its weights and optimizer state are "
+                "the ones restored.",
+                backup.path,
+                backup.epoch + 1,
+                backup.step,
+                spe,
+                f"the checkpoint {latest.path}" if latest is not None else "any checkpoint",
+            )
+            epoch, step, latest = backup.epoch, backup.step, None
+            self.resumed_from = backup.path
+        elif backup is not None and latest is not None:
+            logger.warning(
+                "tfdp_utils: PreemptionCheckpoint resumes from %s (epoch %d, step %d), not from "
+                "BackupAndRestore's older backup %s (epoch %d, step %d): the checkpoint's "
+                "weights, optimizer state and position are restored after the backup's.",
+                latest.path,
+                epoch + 1,
+                step,
+                backup.path,
+                backup.epoch + 1,
+                backup.step,
+            )
         run = _Run(
             directory=directory,
             facts=facts,
@@ -207,7 +259,7 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
         position = position_of(resumable.strategy)
         run.worker, run.num_workers = position.index, position.num_workers
         if latest is not None:
-            logger.info(
+            logger.warning(  # a resume changes what the run does: said at the default level
                 "tfdp_utils: PreemptionCheckpoint resumes from %s: epoch %d, step %d of %d.",
                 latest.path,
                 epoch + 1,
@@ -302,12 +354,17 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
                 "by hand), and create it before model.fit is looked up."
             )
         self._begin(run, self.model, self.model.optimizer)
-        run.counted_from = (accumulation.batches_trained(self.model), run.global_step)
+        if _tf.IS_KERAS3:
+            # A BackupAndRestore before this callback set Keras' first epoch; the fit's own
+            # initial_epoch (this run's position, handed to fit) is the one to follow.
+            self.model._initial_epoch = None
         run.training = True
 
     def _begin(self, run: _Run, model: Any, optimizer: Any) -> None:
         """Read the checkpoint back; start the grace monitor and the workers' channel."""
         run.model, run.optimizer = model, optimizer
+        if self.every_steps:
+            run.periodic_mark = run.global_step // self.every_steps
         run.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
         if run.restore is not None:
             _check_model(run.restore, model, optimizer)
@@ -327,8 +384,17 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
 
     def on_epoch_begin(self, epoch: int, logs: Mapping[str, Any] | None = None) -> None:
         run = self._run
-        if run is not None and epoch != run.epoch:
-            run.epoch, run.done = epoch, 0
+        if run is not None:
+            run.begun = None
+            if epoch != run.epoch:
+                run.epoch, run.done = epoch, 0
+
+    def on_train_batch_begin(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
+        # Python only (Keras calls batch-begin hooks synchronously, before the step, with no
+        # logs): where a notice stops the epoch's loop, the steps begun are the steps done.
+        run = self._run
+        if run is not None:
+            run.begun = int(batch)
 
     def _on_train_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
         # Installed as on_train_batch_end only where a fit needs it (see prepare_fit).
@@ -348,30 +414,41 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
         run = self._run
         if run is None or run.per_step or not self.notice.received or not run.training:
             return
-        trained, start = run.counted_from
-        steps = accumulation.batches_trained(run.model) - trained + start
-        run.epoch, run.done = divmod(steps, run.steps_per_epoch)
+        if run.begun is not None:
+            # The execution begun at step `begun` ran whole (steps_per_execution steps, at
+            # most to the epoch's end): Keras checks stop_training between executions.
+            done = min(run.begun + run.steps_per_execution, run.steps_per_epoch)
+            run.epoch, run.done = divmod(
+                run.epoch * run.steps_per_epoch + done, run.steps_per_epoch
+            )
         self._stop(run, save=True)
 
     def _after_step(self, run: _Run, done: int) -> None:
-        """After the step that made ``done`` steps of the epoch: save or stop where due."""
+        """After the step that made ``done`` steps of the epoch: save or stop where due.
+
+        Saves and stops come at a step boundary where no gradients are pending in the
+        accumulators (every step without accumulation): a saved state is then complete.
+        """
         run.done = done
         if run.done >= run.steps_per_epoch:
             run.epoch, run.done = run.epoch + 1, 0
+        whole = run.accumulation <= 1 or accumulation.pending_batches(run.model) == 0
         if run.channel is None:
-            if self.notice.received:
+            if self.notice.received and whole:
                 self._stop(run, save=True)
-            elif self.every_steps and run.global_step % self.every_steps == 0:
+            elif whole and self._periodic_due(run):
                 self._save(run, reason="every_steps")
             return
         # Several workers: act on the agreed requests for this step; ask for a stop once.
         for request in run.channel.received()[run.acted :]:
             if request.call > run.global_step:
                 break
+            if request.action == "stop" and not whole:
+                break  # the same on every worker: the accumulators fill in step
             run.acted += 1
             if request.action == "stop":
                 self._stop(run, save=True, request=request)
-        if self.every_steps and run.global_step % self.every_steps == 0:
+        if whole and self._periodic_due(run):
             self._save(run, reason="every_steps")
         if self.notice.received and not run.asked:
             run.asked = True
@@ -387,9 +464,24 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
             )
 
     def on_train_end(self, logs: Mapping[str, Any] | None = None) -> None:
+        # A notice after the last epoch's hooks (Keras ends the loop on stop_training): the
+        # position is saved too, and the process still exits to be run again.
+        self._stop_after_loop()
         run = self._run
         if run is not None:
             run.close()
+
+    def _periodic_due(self, run: _Run) -> bool:
+        """Whether a multiple of ``every_steps`` was passed since the last periodic save (a
+        batch hook runs every ``steps_per_execution`` steps, not at each multiple)."""
+        every = self.every_steps
+        if not every:
+            return False
+        mark = run.global_step // every
+        if run.periodic_mark is not None and mark <= run.periodic_mark:
+            return False
+        run.periodic_mark = mark
+        return True
 
     # -- saving -----------------------------------------------------------------------------
 
@@ -460,6 +552,25 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
             "stopped by a preemption notice",
             exit_status=signals_.PREEMPTED_EXIT_STATUS if self.exit else None,
         )
+
+
+class _StopFirst(_Callback):  # type: ignore[misc]
+    """First in a fit's callbacks: after a notice, the stop comes before the other callbacks'
+    epoch-end, validation and train-end hooks run on the cut epoch."""
+
+    def __init__(self, owner: PreemptionCheckpoint) -> None:
+        super().__init__()
+        self._supports_tf_logs = True
+        self._owner = owner
+
+    def on_test_begin(self, logs: Mapping[str, Any] | None = None) -> None:
+        self._owner._stop_after_loop()
+
+    def on_epoch_end(self, epoch: int, logs: Mapping[str, Any] | None = None) -> None:
+        self._owner._stop_after_loop()
+
+    def on_train_end(self, logs: Mapping[str, Any] | None = None) -> None:
+        self._owner._stop_after_loop()
 
 
 class CustomLoop:
@@ -555,13 +666,16 @@ class _Run:
         self.strategy: Any = None
         self.per_step = True  # whether a batch hook acts at each step boundary
         self.training = False  # between this fit's on_train_begin and on_train_end
-        self.counted_from = (0, 0)  # (the model's batches trained, the job's step) at begin
         self.monitor: _GraceMonitor | None = None
         self.serial = next(_fits)
         self.worker, self.num_workers = 0, 1
         self.channel: agreement.CoordinationChannel | None = None
         self.acted = 0  # agreed requests acted on
         self.asked = False  # whether this worker asked for a stop
+        self.accumulation = 1  # batches per optimizer update
+        self.steps_per_execution = 1
+        self.begun: int | None = None  # the step index of the last execution begun
+        self.periodic_mark: int | None = None  # global_step // every_steps at the last save
 
     def close(self) -> None:
         """Stop the grace monitor and the watcher thread."""
@@ -663,4 +777,93 @@ def _check_model(saved: store.Saved, model: Any, optimizer: Any) -> None:
     raise ResumeMismatchError(
         f"the checkpoint {saved.path} was saved from a different model: {detail}. Resume "
         "with the same model, or start afresh with another directory=."
+    )
+
+
+def _check_flavour(saved: store.Saved) -> None:
+    """A checkpoint of the other Keras is refused: its variables carry other names, so a
+    restore would match nothing and train from fresh weights without a word."""
+    before = str(saved.state.get("keras", ""))
+    if not before:
+        return
+    saved_flavour = "tf_keras" if before == "tf_keras" else "keras3"
+    if saved_flavour == _tf.KERAS_FLAVOUR:
+        return
+    words = {"tf_keras": "tf_keras (TF_USE_LEGACY_KERAS=1)", "keras3": f"Keras 3 ({before})"}
+    fix = (
+        "tf_keras: set TF_USE_LEGACY_KERAS=1"
+        if saved_flavour == "tf_keras"
+        else "Keras 3: unset TF_USE_LEGACY_KERAS"
+    )
+    now = (
+        "tf_keras (TF_USE_LEGACY_KERAS=1)"
+        if not _tf.IS_KERAS3
+        else f"Keras 3 ({_tf.KERAS_VERSION})"
+    )
+    raise ResumeMismatchError(
+        f"the checkpoint {saved.path} was saved under {words[saved_flavour]}, but this run "
+        f"uses {now}: the two Kerases name their variables differently, so nothing would be "
+        f"restored. Resume under {fix}, "
+        "or start afresh with another directory=."
+    )
+
+
+def _checked_seed(saved: store.Saved, given: int | None) -> Any:
+    """The shuffle seed to resume with: the checkpoint's, which a seed= given differently
+    must not silently replace (the epoch's order would change mid-epoch)."""
+    before = saved.state.get("seed")
+    if given is not None and before is not None and given != before:
+        raise ResumeMismatchError(
+            f"the checkpoint {saved.path} was saved with the shuffle seed {before!r}, but "
+            f"this run's dataset has seed={given!r}: the interrupted epoch would continue in "
+            f"another order, training some examples twice and others never. Resume with "
+            f"seed={before!r}, or start afresh with another directory=."
+        )
+    return before
+
+
+def _say_if_finished(run: _Run, epochs: Any, resumed_from: str | None) -> None:
+    """A job whose checkpoint is at or past the fit's last epoch trains nothing: say so."""
+    if resumed_from is None or isinstance(epochs, bool) or not isinstance(epochs, int):
+        return
+    if run.epoch < epochs:
+        return
+    logger.warning(
+        "tfdp_utils: PreemptionCheckpoint: the checkpoint %s is at the end of epoch %d, and "
+        "this fit runs to epoch %d: the job has finished, so fit trains nothing (the "
+        "checkpoint's weights are restored). To train more, raise epochs=; to train afresh, "
+        "pass another directory= (or delete the old checkpoints).",
+        resumed_from,
+        run.epoch if run.done == 0 else run.epoch + 1,
+        epochs,
+    )
+
+
+def _say_save_granularity(every_steps: int | None, per_execution: int, accumulate: int) -> None:
+    """Periodic saves come at batch hooks and accumulation boundaries: say when that makes
+    the steps a kill can lose more than ``every_steps``."""
+    if not every_steps:
+        return
+    unit = math.lcm(per_execution, accumulate)
+    if unit <= 1 or every_steps % unit == 0:
+        return
+    causes = []
+    if per_execution > 1:
+        causes.append(
+            f"steps_per_execution={per_execution} (Keras calls the batch hooks once per execution)"
+        )
+    if accumulate > 1:
+        causes.append(
+            f"gradient accumulation over {accumulate} batches (a save waits for the update)"
+        )
+    logger.warning(
+        "tfdp_utils: PreemptionCheckpoint(every_steps=%d) saves at the first step after each "
+        "multiple of %d where %s allows: at most %d steps are lost to a kill, not %d. Use a "
+        "multiple of %d to save exactly every N steps.",
+        every_steps,
+        every_steps,
+        " and ".join(causes),
+        every_steps + unit - 1,
+        every_steps,
+        unit,
     )

@@ -188,6 +188,8 @@ def accumulation_steps(model: Any) -> int:
     if isinstance(state, _FitState):
         return state.steps
     optimizer = getattr(model, "optimizer", None)
+    if IS_KERAS3:  # a LossScaleOptimizer's inner optimizer is the one that accumulates
+        optimizer = getattr(optimizer, "inner_optimizer", optimizer)
     return int(getattr(optimizer, "gradient_accumulation_steps", None) or 1)
 
 
@@ -203,3 +205,19 @@ def batches_trained(model: Any) -> int:
         pending = round(float(state.accumulator.examples.numpy()))
         return int(optimizer.iterations.numpy()) * state.steps + pending
     return int(optimizer_batch_counter(optimizer).numpy())
+
+
+def pending_batches(model: Any) -> int:
+    """Batches whose gradients wait in the accumulators for the next update (0 without
+    accumulation, and right after an update).
+
+    Keras 3 updates when its batch counter reaches a multiple of k (a step its loss-scale
+    optimizer skips does not count, and adds nothing to the accumulators either).
+    """
+    steps = accumulation_steps(model)
+    if steps <= 1:
+        return 0
+    state = getattr(model, "_tfdp_accumulation", None)
+    if isinstance(state, _FitState):
+        return round(float(state.accumulator.examples.numpy())) % steps
+    return int(optimizer_batch_counter(model.optimizer).numpy()) % steps

@@ -61,6 +61,13 @@ def current_loss_scale(optimizer: Any) -> float | None:
     return float(factor) if factor is not None else None
 
 
+def scales_loss(optimizer: Any) -> bool:
+    """Whether ``optimizer`` scales the loss (read without a value: works while tracing)."""
+    return is_loss_scale_optimizer(optimizer) or (
+        getattr(optimizer, "loss_scale_factor", None) is not None
+    )
+
+
 def _layers(model: Any) -> list[Any]:
     """``model`` and every layer inside it (nested models included), on both Kerases."""
     flatten = getattr(model, "_flatten_layers", None)
@@ -91,7 +98,7 @@ def check_policy(model: Any, optimizer: Any) -> None:
             scales no loss.
     """
     layers = float16_layers(model)
-    if not layers or current_loss_scale(optimizer) is not None:
+    if not layers or scales_loss(optimizer):
         return
     name = str(getattr(model, "name", model))
     if name in layers:
