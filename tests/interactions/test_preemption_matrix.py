@@ -123,3 +123,22 @@ def test_a_changed_shuffle_seed_is_refused_by_name(tmp_path: Path) -> None:
     assert "seed=5" in str(raised.value)
     assert again.batches() == 0
     np.testing.assert_array_equal(again.weights()[0], job.Job(settings, strategy).weights()[0])
+
+
+def test_steps_per_execution_that_cuts_an_epoch_is_exact_on_tf_keras_and_refused_on_keras_3(
+    tmp_path: Path,
+) -> None:
+    # 6 steps per epoch, 4 per execution: tf_keras cuts the last execution at the epoch's end,
+    # Keras 3 runs it whole (into the next epoch's batches), so it is refused by name there.
+    settings = job.Settings(spe=4)
+    if IS_KERAS3:
+        with pytest.raises(ValueError, match="steps_per_execution=4") as raised:
+            _run(settings, tmp_path / "job", tmp_path / "backup", [])
+        assert "divides 6 (1, 2, 3, 6)" in str(raised.value)
+        return
+    reference, _ = _run(settings, tmp_path / "reference", tmp_path / "reference-backup", [])
+    _run(settings, tmp_path / "job", tmp_path / "backup", [job.SignalAfter(9)])
+    resumed, second = _run(settings, tmp_path / "job", tmp_path / "backup", [])
+    assert second.resumed_from is not None
+    assert resumed.updates() == reference.updates() == job.EPOCHS * job.STEPS_PER_EPOCH
+    assert job.max_difference(reference.weights(), resumed.weights()) == 0.0

@@ -186,6 +186,7 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
         run.accumulation = accumulation.accumulation_steps(model)
         run.per_step = run.num_workers > 1 or self.every_steps is not None or run.accumulation > 1
         run.steps_per_execution = _tf.steps_per_execution(model)
+        _check_executions_fit_epochs(run.steps_per_execution, run.steps_per_epoch)
         if run.per_step:
             self.on_train_batch_end = self._on_train_batch_end
         else:
@@ -866,4 +867,21 @@ def _say_save_granularity(every_steps: int | None, per_execution: int, accumulat
         every_steps + unit - 1,
         every_steps,
         unit,
+    )
+
+
+def _check_executions_fit_epochs(per_execution: int, steps_per_epoch: int) -> None:
+    """Keras 3 runs whole executions: one that does not end with the epoch would take the
+    next epoch's first batches from the stream of epochs (tf_keras cuts it at the epoch)."""
+    if not _tf.IS_KERAS3 or per_execution <= 1 or steps_per_epoch % per_execution == 0:
+        return
+    divisors = [d for d in range(1, steps_per_epoch + 1) if steps_per_epoch % d == 0]
+    shown = ", ".join(str(d) for d in divisors[:6]) + (", ..." if len(divisors) > 6 else "")
+    raise ValueError(
+        f"PreemptionCheckpoint received a model compiled with steps_per_execution="
+        f"{per_execution}, which does not divide the dataset's epoch of {steps_per_epoch} "
+        f"steps: Keras 3 runs every execution whole, so the epoch's last one would train "
+        f"{per_execution - steps_per_epoch % per_execution} batches of the next epoch, and "
+        f"no epoch would be the one a resume continues. Compile with a steps_per_execution "
+        f"that divides {steps_per_epoch} ({shown}), or change the global batch size."
     )
