@@ -13,6 +13,7 @@ those cells check the refusal instead.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 from pathlib import Path
 from typing import Any
@@ -141,4 +142,37 @@ def test_steps_per_execution_that_cuts_an_epoch_is_exact_on_tf_keras_and_refused
     resumed, second = _run(settings, tmp_path / "job", tmp_path / "backup", [])
     assert second.resumed_from is not None
     assert resumed.updates() == reference.updates() == job.EPOCHS * job.STEPS_PER_EPOCH
+    assert job.max_difference(reference.weights(), resumed.weights()) == 0.0
+
+
+class _SignalDuringValidation(keras.callbacks.Callback):  # type: ignore[misc]
+    """SIGTERM after the first validation batch of the first epoch; counts validation batches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.validation_batches = 0
+
+    def on_test_batch_end(self, batch: int, logs: Any = None) -> None:
+        self.validation_batches += 1
+        if self.validation_batches == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [job.Settings(validation=True), job.Settings(validation=True, accumulation=2, replicas=1)],
+    ids=lambda s: s.label(),
+)
+def test_a_notice_during_validation_stops_it_and_saves_the_epoch_end(
+    tmp_path: Path, settings: job.Settings
+) -> None:
+    reference, _ = _run(settings, tmp_path / "reference", tmp_path / "reference-backup", [])
+    probe = _SignalDuringValidation()
+    _, first = _run(settings, tmp_path / "job", tmp_path / "backup", [probe])
+    # 16 validation examples in batches of 8: 2 batches; the second never ran.
+    assert probe.validation_batches == 1
+    assert first.saved_path == str(tmp_path / "job" / f"ckpt-{job.STEPS_PER_EPOCH:012d}")
+    resumed, second = _run(settings, tmp_path / "job", tmp_path / "backup", [])
+    assert second.resumed_from == first.saved_path
+    assert sorted(resumed.epochs) == [1, 2]
     assert job.max_difference(reference.weights(), resumed.weights()) == 0.0

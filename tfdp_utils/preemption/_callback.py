@@ -136,6 +136,9 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
         self.saved_path: str | None = None
         self.resumed_from: str | None = None
         self._run: _Run | None = None
+        # A notice before fit (data loading, building the model) or after it: nothing to
+        # save, and the job must still be run again (status 75, not killed by the signal).
+        self._outside_fit = signals_.ExitOutsideFit(self.signals, _say_exit_outside_fit)
 
     # -- before Keras sees the call (FitCallAdapter) -------------------------------------
 
@@ -370,7 +373,7 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
         if run.restore is not None:
             _check_model(run.restore, model, optimizer)
             run.checkpoint.read(run.restore.variables).expect_partial()
-        run.monitor = _GraceMonitor(self.notice, self.grace_seconds)
+        run.monitor = _GraceMonitor(self.notice, self.grace_seconds, lambda: run.phase)
         if run.num_workers > 1:
             run.channel = agreement.CoordinationChannel(
                 agreement.CoordinationStore(),
@@ -390,6 +393,27 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
             if epoch != run.epoch:
                 run.epoch, run.done = epoch, 0
 
+    def on_test_batch_begin(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
+        # A notice during fit's validation stops it at the next validation batch (one process;
+        # several workers act on it at the next training step, where they agree). The epoch's
+        # steps are all done: the position is the next epoch's start.
+        run = self._run
+        if run is None or not run.training or not self.notice.received or run.channel is not None:
+            return
+        if not run.per_step:
+            self._stop_after_loop()
+        elif run.accumulation <= 1 or accumulation.pending_batches(run.model) == 0:
+            self._stop(run, save=True)
+
+    def on_test_begin(self, logs: Mapping[str, Any] | None = None) -> None:
+        if self._run is not None:
+            self._run.phase = "validation"
+        self._stop_after_loop()  # a notice during the epoch: save before validation runs
+
+    def on_test_end(self, logs: Mapping[str, Any] | None = None) -> None:
+        if self._run is not None:
+            self._run.phase = "training step"
+
     def on_train_batch_begin(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
         # Python only (Keras calls batch-begin hooks synchronously, before the step, with no
         # logs): where a notice stops the epoch's loop, the steps begun are the steps done.
@@ -402,9 +426,6 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
         run = self._run
         if run is not None:
             self._after_step(run, int(batch) + 1)
-
-    def on_test_begin(self, logs: Mapping[str, Any] | None = None) -> None:
-        self._stop_after_loop()  # a notice during the epoch: save before validation runs
 
     def on_epoch_end(self, epoch: int, logs: Mapping[str, Any] | None = None) -> None:
         self._stop_after_loop()
@@ -524,6 +545,7 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
             else f"notice {request.reason} on worker {request.worker}"
         )
         if save:
+            run.phase = "save"
             self._save(run, reason=reason)
         if run.channel is not None:
             # The others may still be writing: wait for every worker's part, bounded.
@@ -677,6 +699,7 @@ class _Run:
         self.steps_per_execution = 1
         self.begun: int | None = None  # the step index of the last execution begun
         self.periodic_mark: int | None = None  # global_step // every_steps at the last save
+        self.phase = "training step"  # what runs now: "training step", "validation", "save"
 
     def close(self) -> None:
         """Stop the grace monitor and the watcher thread."""
@@ -695,8 +718,10 @@ class _Run:
 class _GraceMonitor:
     """Logs a WARNING when a save is still running ``grace`` seconds after the notice."""
 
-    def __init__(self, notice: signals_.Notice, grace: float) -> None:
-        self._notice, self._grace = notice, grace
+    def __init__(
+        self, notice: signals_.Notice, grace: float, phase: Any = lambda: "training step"
+    ) -> None:
+        self._notice, self._grace, self._phase = notice, grace, phase
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="tfdp-preemption", daemon=True)
         self._thread.start()
@@ -705,13 +730,18 @@ class _GraceMonitor:
         while not self._stopped.wait(0.25):
             received = self._notice.received_at
             if received is not None and time.monotonic() - received > self._grace:
+                phase = self._phase()
                 logger.warning(
-                    "tfdp_utils: PreemptionCheckpoint: %s came %.0f s ago and the step or the "
-                    "save has not finished; the scheduler's SIGKILL will cut it short, and the "
+                    "tfdp_utils: PreemptionCheckpoint: %s came %.0f s ago and the %s running "
+                    "then has not finished; the scheduler's SIGKILL will cut it short, and the "
                     "job will resume from the previous checkpoint. Give the job a longer grace "
-                    "period (terminationGracePeriodSeconds, SLURM --signal=...@seconds).",
+                    "period (terminationGracePeriodSeconds, SLURM --signal=...@seconds)%s.",
                     self._notice.signal_name,
                     self._grace,
+                    phase,
+                    " or validate less at a time (validation_steps, validation_freq)"
+                    if phase == "validation"
+                    else "",
                 )
                 return
 
@@ -884,4 +914,13 @@ def _check_executions_fit_epochs(per_execution: int, steps_per_epoch: int) -> No
         f"{per_execution - steps_per_epoch % per_execution} batches of the next epoch, and "
         f"no epoch would be the one a resume continues. Compile with a steps_per_execution "
         f"that divides {steps_per_epoch} ({shown}), or change the global batch size."
+    )
+
+
+def _say_exit_outside_fit(signal_name: str) -> None:
+    logger.warning(
+        "tfdp_utils: PreemptionCheckpoint: %s outside fit: nothing trained since the last "
+        "checkpoint. Exiting with status %d: run the same command to resume.",
+        signal_name,
+        signals_.PREEMPTED_EXIT_STATUS,
     )

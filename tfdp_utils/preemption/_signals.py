@@ -150,3 +150,35 @@ class SignalHandlers:
             if signal.getsignal(number) == self._handle:
                 signal.signal(number, previous if previous is not None else signal.SIG_DFL)
         self.previous = {}
+
+
+class ExitOutsideFit:
+    """Before a fit (and after one): a notice ends the process at once with
+    :data:`PREEMPTED_EXIT_STATUS`, as nothing has trained since the last save.
+
+    Installed only on the main thread and only over the default disposition (a program's own
+    handler is left alone). ``say(signal_name)`` runs first (a log line), then
+    ``SystemExit(75)`` is raised in the main thread, which unwinds the program's ``finally``
+    blocks. Inside ``fit`` the callback's noting handler takes the signal's place.
+    """
+
+    def __init__(self, signals: Sequence[signal.Signals], say: Callable[[str], Any]) -> None:
+        self._say = say
+        self.installed: list[signal.Signals] = []
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for number in signals:
+            if signal.getsignal(number) is signal.SIG_DFL:
+                signal.signal(number, self._handle)
+                self.installed.append(number)
+
+    def _handle(self, number: int, frame: Any) -> None:
+        self._say(signal.Signals(number).name)
+        raise SystemExit(PREEMPTED_EXIT_STATUS)
+
+    def remove(self) -> None:
+        """Put the default disposition back where this handler still holds the signal."""
+        for number in self.installed:
+            if signal.getsignal(number) == self._handle:
+                signal.signal(number, signal.SIG_DFL)
+        self.installed = []
