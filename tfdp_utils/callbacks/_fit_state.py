@@ -157,6 +157,10 @@ class FitState:
     input_wait_note: str | None = None  # why the share is unknown
     worker_wait: dict[int, list[float]] = dataclasses.field(default_factory=dict)
     last_worker_wait: dict[int, float] = dataclasses.field(default_factory=dict)
+    # Keras 3's LossScaleOptimizer counts only the steps it applied: the step axis then follows
+    # Keras' own batch indices (host_step), read where the device's count would be.
+    steps_from_host: bool = False
+    host_step: int = 0
 
     def pause(self, reason: str) -> None:
         """Stop the clock (and the input-wait total with it) for ``reason``."""

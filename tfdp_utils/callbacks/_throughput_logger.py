@@ -51,6 +51,7 @@ from tfdp_utils.throughput._input_wait import InputWaitMeter, straggler, verdict
 from tfdp_utils.throughput._meter import ThroughputMeter, ThroughputWindow, spread, window_plan
 from tfdp_utils.throughput._tags import GLOBAL_RUN, replica_run, worker_run
 from tfdp_utils.training import _accumulation as accumulation
+from tfdp_utils.training import _mixed_precision as mixed_precision
 
 _Callback: Any = keras.callbacks.Callback
 _EPOCH_START = "epoch_start"
@@ -303,6 +304,10 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
             exact=exact,
             derived_reason=derived_reason,
         )
+        fit.steps_from_host = _tf.IS_KERAS3 and mixed_precision.is_loss_scale_optimizer(
+            model.optimizer
+        )
+        fit.host_step = origin
         self._start_input_wait(fit)
         meter.update(step=origin, time=fit.clock.now(), replica_examples=counter.counts)
         fit.next_log = fit.next_check = origin + (warmup or every)
@@ -466,6 +471,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         if fit is None:
             return
         estimate = fit.counter.epoch_start + min(batch + 1, fit.steps_in_epoch)
+        fit.host_step = estimate
         if estimate < fit.next_check:
             return
         with self._lock:
@@ -523,7 +529,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
             return
         with self._lock:
             self._fit = None
-            final = self._read_step()
+            final = self._read_step(fit)
             self._final_point(fit, final)
             self._carried = tuple(fit.counter.counts)
             clock = None if self._fit_data is None else self._fit_data.input_clock
@@ -560,10 +566,17 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
             runs.extend(replica_run(k) for k in position.local_replicas)
         return runs
 
-    def _read_step(self) -> int:
+    def _read_step(self, fit: FitState | None = None) -> int:
         # Batches trained: optimizer updates, or micro-batches under gradient accumulation
-        # (what the dataset's layout and Keras' batch indices count).
-        return accumulation.batches_trained(self.model)
+        # (what the dataset's layout and Keras' batch indices count). The read also waits for
+        # the device to finish the steps dispatched (the clock's stops rely on it).
+        read = accumulation.batches_trained(self.model)
+        fit = fit if fit is not None else self._fit
+        if fit is not None and fit.steps_from_host:
+            # A step Keras 3's loss scale skips (non-finite gradients) is not in the
+            # optimizer's count; Keras' batch index counts it (its hooks run after the step).
+            return fit.host_step
+        return read
 
     def _log_point(self, fit: FitState, estimate: int) -> None:
         step = self._read_step()
