@@ -238,9 +238,14 @@ def test_tf_keras_adapter_is_listed_and_undone_through_the_registry() -> None:
         "DatasetAdapter._validate_args",
         "DatasetAdapter.get_size",
         "DatasetAdapter.should_recreate_iterator",
+        "DataHandler.enumerate_epochs",
+        "DataHandler._validate_data_handler",
     }
     compat.undo("tf_keras-datasets")
     assert change_of(adapter.get_size) is None and change_of(adapter._validate_args) is None
+    handler = data_adapter.DataHandler
+    assert change_of(handler.enumerate_epochs) is None
+    assert change_of(handler._validate_data_handler) is None
     assert _status("tf_keras-datasets").applied is None
     assert compat.apply_for_datasets() is True
     assert _status("tf_keras-datasets").applied_by == "tdu.compat.apply_for_datasets()"

@@ -4,17 +4,30 @@ tf_keras refuses every distributed dataset that comes without ``steps_per_epoch`
 ("When providing a distributed dataset, you must specify the number of steps to run") and,
 given them, keeps one iterator for all epochs: a ``tf.distribute.DistributedDataset`` has no
 cardinality to infer an epoch from. A dataset from
-:func:`tfdp_utils.build_distributed_dataset` knows its exact steps per epoch
-(``dataset.tfdp_info``). For such a dataset, one that does not repeat and whose steps are
-known, this teaches tf_keras's ``DatasetAdapter`` what it already does for a
-finite ``tf.data.Dataset``: take the epoch's steps from the dataset, and start a fresh pass
-each epoch. Keras 3 needs nothing of the kind (it iterates a distributed dataset to its end each
-epoch), so this is installed on tf_keras only.
+:func:`tfdp_utils.build_distributed_dataset` that does not repeat ends each epoch, and this
+teaches tf_keras's ``DatasetAdapter`` and ``DataHandler`` what they already do for a finite
+``tf.data.Dataset``, so that ``fit(dist, epochs=E)`` trains as on Keras 3:
+
+* of known size (``dataset.tfdp_info.steps_per_epoch``): take the epoch's steps from the
+  dataset, and start a fresh pass each epoch;
+* of unknown size (a generator, a ``filter``, files not counted): start a fresh pass each
+  epoch and read it to its end (``OutOfRangeError``), as tf_keras reads a ``tf.data.Dataset``
+  of unknown size in its first epoch. tf_keras would keep the first epoch's step count for
+  the later ones (cutting a longer epoch short, stopping training at a shorter one); here
+  every epoch, and every ``evaluate`` of ``validation_data``, ends with its data (Keras 3
+  too keeps its first epoch's count, ``EpochIterator._num_batches``, so a source that grows
+  between epochs is exact on tf_keras only). Over several workers TensorFlow's distributed
+  iterator ends the epoch on the same step on every worker (the workers that ran out first
+  get empty batches). tf_keras can end an epoch only between executions, so
+  ``steps_per_execution > 1`` is refused there before the first step, with the fixes
+  (tf_keras's own error names none).
 
 Every other input keeps tf_keras's behaviour, and so does a call that passes ``steps``
 different from the dataset's own (then tf_keras's one-iterator rule applies, as documented).
 Over several workers (MultiWorkerMirroredStrategy) every worker takes the same steps from
-the dataset, which the builder makes equal. Verified on tf_keras 2.21.
+the dataset, which the builder makes equal. Keras 3 needs nothing of the kind (it iterates a
+distributed dataset to its end each epoch), so this is installed on tf_keras only. Verified on
+tf_keras 2.21.
 
 Recorded as ``"tf_keras-datasets"`` in the compat registry: :func:`tfdp_utils.compat.undo`
 takes it back out, and ``TFDP_NO_KERAS_PATCHES=1`` keeps it off.
@@ -36,12 +49,14 @@ SUMMARY = (
 CHANGE = RuntimeChange(
     name="tf_keras-datasets",
     kind="process",
-    changes="tf_keras DatasetAdapter._validate_args/get_size/should_recreate_iterator wrapped "
-    "(tf_keras only)",
-    why=f"{SUMMARY}; for a builder dataset that ends each epoch, fit/evaluate take the "
-    "epoch's steps from dataset.tfdp_info and start a fresh pass each epoch, as Keras 3 does. "
-    "Every other input keeps tf_keras's behaviour. TFDP_NO_KERAS_PATCHES=1 keeps it off "
-    "(then pass steps_per_epoch=)",
+    changes="tf_keras DatasetAdapter._validate_args/get_size/should_recreate_iterator and "
+    "DataHandler.enumerate_epochs/_validate_data_handler wrapped (tf_keras only)",
+    why=f"{SUMMARY}; for a builder dataset that ends each epoch, fit/evaluate start a fresh "
+    "pass each epoch, as Keras 3 does, and take the epoch's steps from dataset.tfdp_info, or "
+    "read an epoch of unknown size to its end (every epoch: tf_keras would keep the first "
+    "epoch's count); steps_per_execution > 1 on an epoch of unknown size, which tf_keras can "
+    "end only between executions, is refused with the fixes. Every other input keeps "
+    "tf_keras's behaviour. TFDP_NO_KERAS_PATCHES=1 keeps it off (then pass steps_per_epoch=)",
     undoable=True,
 )
 
@@ -52,6 +67,28 @@ def exact_steps(dataset: Any) -> int | None:
     if info is None or info.repeat or info.steps_per_epoch is None:
         return None
     return int(info.steps_per_epoch)
+
+
+def ends_by_data(dataset: Any) -> bool:
+    """Whether ``dataset`` is a builder dataset that ends each epoch where its data ends, at a
+    step nobody knows beforehand (a source of unknown size)."""
+    info = info_of(dataset)
+    return info is not None and not info.repeat and info.steps_per_epoch is None
+
+
+def unknown_size_execution_error(steps_per_execution: int) -> ValueError:
+    """The error for ``steps_per_execution > 1`` over a builder dataset of unknown size."""
+    return ValueError(
+        "tf_keras received a dataset from build_distributed_dataset of unknown size (a "
+        "generator, a filter, files not counted) and steps_per_execution="
+        f"{steps_per_execution}, but tf_keras can end an epoch only between executions, so "
+        "the epoch's last execution would train past the end of the data uncounted; an epoch "
+        "of unknown size needs steps_per_execution=1 on tf_keras. Compile with "
+        "steps_per_execution=1, or give the dataset a known size (files: count_examples=True; "
+        "a tf.data.Dataset of N examples: "
+        "source.apply(tf.data.experimental.assert_cardinality(N))) and keep "
+        f"steps_per_execution={steps_per_execution}."
+    )
 
 
 def installed() -> bool:
@@ -81,6 +118,9 @@ def install(*, applied_by: str) -> bool:
             validate = adapter._validate_args
             get_size = adapter.get_size
             recreate = adapter.should_recreate_iterator
+            handler = data_adapter.DataHandler
+            enumerate_epochs = handler.enumerate_epochs
+            validate_handler = handler._validate_data_handler
         except (ImportError, AttributeError) as exc:
             logger.warning(
                 "tfdp_utils: tf_keras %s has no DatasetAdapter to teach (%s: %s); pass "
@@ -96,6 +136,9 @@ def install(*, applied_by: str) -> bool:
         ) -> Any:
             if steps is None:
                 steps = exact_steps(self._dataset)
+            if steps is None and ends_by_data(self._dataset):
+                # The checks of y and sample_weight only: the epoch ends with the data.
+                steps = -1
             return validate(self, y, sample_weights, steps, *args, **kwargs)
 
         def _get_size(self: Any) -> Any:
@@ -108,7 +151,32 @@ def install(*, applied_by: str) -> bool:
             own = exact_steps(self._dataset)
             if own is not None and self._user_steps in (None, own):
                 return True
+            if self._user_steps is None and ends_by_data(self._dataset):
+                return True
             return recreate(self)
+
+        def _reads_to_end(data_handler: Any) -> bool:
+            own = getattr(data_handler._adapter, "_dataset", None)
+            return data_handler._steps_per_epoch is None and ends_by_data(own)
+
+        def _enumerate_epochs(self: Any) -> Any:
+            epochs = enumerate_epochs(self)
+            reads_to_end = _reads_to_end(self)
+            try:
+                for epoch, iterator in epochs:
+                    if reads_to_end:
+                        # tf_keras keeps the step count it learnt at the end of the first
+                        # epoch; each epoch of unknown size ends with its own data instead.
+                        self._inferred_steps = None
+                    yield epoch, iterator
+            finally:
+                epochs.close()
+
+        def _validate_data_handler(self: Any) -> Any:
+            spe = int(self._steps_per_execution.numpy().item())
+            if spe > 1 and self._inferred_steps is None and _reads_to_end(self):
+                raise unknown_size_execution_error(spe)
+            return validate_handler(self)
 
         replacements = {
             "_validate_args": _validate_args,
@@ -118,6 +186,12 @@ def install(*, applied_by: str) -> bool:
         patches = [
             replace_method(adapter, name, replacement, change=CHANGE.name)
             for name, replacement in replacements.items()
+        ]
+        patches += [
+            replace_method(handler, "enumerate_epochs", _enumerate_epochs, change=CHANGE.name),
+            replace_method(
+                handler, "_validate_data_handler", _validate_data_handler, change=CHANGE.name
+            ),
         ]
         REGISTRY.record(CHANGE, applied_by=applied_by, patches=patches)
         logger.info(
