@@ -161,10 +161,11 @@ def test_under_op_determinism_training_runs_and_the_share_is_unknown(tmp_path: P
     # enable_op_determinism refuses tf.timestamp: the clock must count fetches without timing
     # them, and the logger must say the share is unknown rather than report 0.
     code = f"""
-import json, sys
+import json, logging, sys
 import numpy as np
 import tensorflow as tf
 tf.config.experimental.enable_op_determinism()
+logging.basicConfig(level=logging.INFO)
 import tfdp_utils as tdu
 from tfdp_utils._tf import keras
 from tfdp_utils.data._input_wait import clock_of
@@ -180,12 +181,23 @@ model.fit(dist, epochs=2, verbose=0, callbacks=[logger])
 progress = clock_of(dist).progress()
 summary = logger.summary()
 print("RESULT " + json.dumps([summary["input_wait_share"], summary["input_wait_note"],
-                              progress.received, progress.waited_seconds]))
+                              summary["input_wait_verdict"], progress.received,
+                              progress.waited_seconds]))
 """
     from support.processes import result_line, run_python
 
     done = run_python(code, timeout=180)
-    share, note, received, waited = result_line(done)
+    share, note, verdict, received, waited = result_line(done)
     assert share is None, done.stderr[-3000:]
-    assert "op determinism is enabled" in note
+    assert note.startswith("unknown: op determinism is on") and "tf.timestamp" in note, note
+    assert verdict == f"input wait: {note}"
     assert received >= 16 and waited == 0.0
+    assert f"input-wait share: {note}" in done.stderr  # the log (INFO) says it too
+    # The event files carry the reason (a text beside the counts), and the report reads it.
+    from tfdp_utils.throughput import _report as report
+
+    runs = report.read_runs(str(tmp_path))
+    assert [text for _, text in runs[tags.GLOBAL_RUN].input_wait_notes] == [note]
+    summary_of_logs = report.summarize(runs)
+    assert summary_of_logs["input"]["verdict"] == verdict
+    assert verdict in report.format_table(summary_of_logs)

@@ -23,6 +23,8 @@ WORKER = """
 import json, os, sys, time
 import numpy as np
 import tensorflow as tf
+if os.environ.get("DETERMINISM"):
+    tf.config.experimental.enable_op_determinism()
 import tfdp_utils as tdu
 from tfdp_utils._tf import keras
 
@@ -61,9 +63,13 @@ print("SUMMARY " + json.dumps(logger.summary()), flush=True)
 """
 
 
-def run_job(log_dir: Path, slow_worker: int | None) -> list[dict[str, Any]]:
+def run_job(
+    log_dir: Path, slow_worker: int | None, *, determinism: bool = False
+) -> list[dict[str, Any]]:
     ports = [free_port(), free_port()]
     env: dict[str, str | None] = {"TF_CPP_MIN_LOG_LEVEL": "2", "SLOW_SECONDS": "0.05"}
+    if determinism:
+        env["DETERMINISM"] = "1"
     if slow_worker is not None:
         env["SLOW_WORKER"] = str(slow_worker)
     processes = [
@@ -108,3 +114,20 @@ def test_without_a_slow_worker_nobody_is_named(tmp_path: Path) -> None:
     table, data = report(tmp_path)
     assert "input wait: no worker stands out" in table, table
     assert data["input"]["straggler"] is None
+
+
+def test_under_op_determinism_the_verdict_names_the_refused_timer(tmp_path: Path) -> None:
+    # Op determinism refuses tf.timestamp: no worker's share is timed. The verdict says so, in
+    # the summary and the report, rather than blaming the dataset (a builder dataset here).
+    chief, other = run_job(tmp_path, slow_worker=1, determinism=True)
+    for summary in (chief, other):
+        assert summary["worker_input_wait_share"] == [None, None], summary
+        assert summary["straggler"] is None
+        found = summary["input_wait_verdict"]
+        assert found.startswith("input wait: unknown: op determinism is on"), found
+        assert "tf.timestamp" in found and "builder dataset" not in found, found
+    table, data = report(tmp_path)
+    assert "input wait: unknown: op determinism is on" in table, table
+    assert "tf.timestamp" in table and "builder dataset" not in table, table
+    assert data["input"]["verdict"] == chief["input_wait_verdict"]
+    assert data["input"]["measured"] is False and "tf.timestamp" in data["input"]["note"]

@@ -84,3 +84,14 @@ def test_the_verdicts_name_the_worker_and_input() -> None:
     assert verdict({0: 0.72}) == "input wait: 72% of the time (input-bound)"
     assert verdict({0: 0.2}) == "input wait: 20% of the time"
     assert verdict({}).startswith("input wait: unknown")
+
+
+def test_an_unknown_share_is_said_with_its_cause() -> None:
+    # Under op determinism no worker's share is timed: the verdict names that, not a dataset.
+    why = "unknown: op determinism is on (...), which refuses tf.timestamp"
+    nan = float("nan")
+    for shares in ({}, {0: nan}, {0: nan, 1: nan}):
+        assert verdict(shares, unknown=why) == f"input wait: {why}"
+        assert "builder dataset" not in verdict(shares)
+    # A measured share wins over a note.
+    assert verdict({0: 0.2, 1: nan}, unknown=why) == "input wait: 20% of the time"

@@ -41,6 +41,7 @@ def test_the_schema_is_pinned() -> None:
         ),
     }
     assert tags.LAYOUT_TAG == "custom_scalars__config__"
+    assert (tags.COUNTS, tags.INPUT_WAIT_NOTE) == ("throughput/counts", "input/wait_note")
 
 
 @pytest.mark.parametrize(

@@ -323,6 +323,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         note = tags.counts_note(exact=exact, source=counter.source, reason=derived_reason)
         for run in self._run_names(placement.position):
             self._writers.text(run, tags.COUNTS, note, origin, tags.COUNTS_DESCRIPTION)
+        self._write_input_wait_note(fit, origin)
         if placement.position.is_chief:
             mfu = self.flops_per_example is not None and self.peak_flops_per_replica is not None
             job = tags.layout(
@@ -359,6 +360,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
             return
         if input_wait.determinism_enabled():
             fit.input_wait_note = f"unknown: {input_wait.UNTIMED_UNDER_DETERMINISM}"
+            logger.info("tfdp_utils: ThroughputLogger's input-wait share: %s", fit.input_wait_note)
             return
         fit.input_wait = InputWaitMeter(lambda: clock.progress().waited_seconds)
 
@@ -535,6 +537,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
             clock = None if self._fit_data is None else self._fit_data.input_clock
             if clock is not None and clock.untimed and fit.input_wait is not None:
                 fit.input_wait_note = f"unknown: {clock.untimed}"  # determinism came on in fit
+                self._write_input_wait_note(fit, final)
             self._summary = self._build_summary(fit, final)
             self._writers.close()
 
@@ -820,6 +823,20 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
             for k in fit.placement.position.local_replicas:
                 self._put(replica_run(k), tags.EXAMPLES, counter.counts[k], step, counted=counted)
 
+    def _write_input_wait_note(self, fit: FitState, step: int) -> None:
+        """Say in the event files why the input-wait share is unknown (``tfdp-utils report``
+        reads it back); nothing when it is measured."""
+        if fit.input_wait_note is None:
+            return
+        for run in self._run_names(fit.placement.position):
+            self._writers.text(
+                run,
+                tags.INPUT_WAIT_NOTE,
+                fit.input_wait_note,
+                step,
+                tags.INPUT_WAIT_NOTE_DESCRIPTION,
+            )
+
     def _write_window(
         self,
         fit: FitState,
@@ -948,7 +965,11 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         share = None if meter is None else meter.share
         result: dict[str, Any] = {"input_wait_share": share}
         if meter is not None and fit.input_wait_note is not None:  # timing stopped in the fit
-            result.update(input_wait_share=None, input_wait_note=fit.input_wait_note)
+            result.update(
+                input_wait_share=None,
+                input_wait_note=fit.input_wait_note,
+                input_wait_verdict=verdict({}, unknown=fit.input_wait_note),
+            )
             return result
         if meter is None:
             result["input_wait_note"] = fit.input_wait_note
@@ -962,9 +983,11 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
             result["worker_input_wait_share"] = [None if s != s else s for s in shares.values()]
             named = straggler(shares)
             result["straggler"] = None if named is None else dataclasses.asdict(named)
-            result["input_wait_verdict"] = verdict(shares)
+            result["input_wait_verdict"] = verdict(shares, unknown=fit.input_wait_note)
         elif share is not None:
             result["input_wait_verdict"] = verdict({fit.placement.position.index: share})
+        elif fit.input_wait_note is not None:
+            result["input_wait_verdict"] = verdict({}, unknown=fit.input_wait_note)
         return result
 
     def summary(self) -> dict[str, Any]:

@@ -111,8 +111,8 @@ class InputClock:
 
 
 UNTIMED_UNDER_DETERMINISM = (
-    "op determinism is enabled (tf.config.experimental.enable_op_determinism()), and "
-    "TensorFlow refuses the timestamps that time each fetch"
+    "op determinism is on (tf.config.experimental.enable_op_determinism()), which refuses "
+    "tf.timestamp, the timer of each fetch of the next batch"
 )
 
 

@@ -107,11 +107,24 @@ def straggler(shares: Mapping[int, float]) -> Straggler | None:
     return Straggler(worker, share, others)
 
 
-def verdict(shares: Mapping[int, float]) -> str:
-    """One line on the workers' input-wait shares, for the report and the summary."""
+def verdict(shares: Mapping[int, float], *, unknown: str | None = None) -> str:
+    """One line on the workers' input-wait shares, for the report and the summary.
+
+    Args:
+        shares: each worker's share, NaN where it was not measured.
+        unknown: why no share was measured, as the logger notes it (``"unknown: op
+            determinism is on ..."``); used when no worker's share is known. Defaults to
+            `None` (the reason is not known).
+
+    Examples:
+    >>> verdict({0: float("nan")}, unknown="unknown: op determinism is on")
+    'input wait: unknown: op determinism is on'
+    """
     known = {w: s for w, s in sorted(shares.items()) if s == s}
     if not known:
-        return "input wait: unknown (the job did not train on a builder dataset)"
+        if unknown:
+            return f"input wait: {unknown}"
+        return "input wait: unknown (no worker's share was measured)"
     named = straggler(known)
     if named is not None:
         return f"input: {named.describe()}"

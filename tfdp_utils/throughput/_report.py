@@ -31,6 +31,7 @@ from tfdp_utils.throughput._tags import (
     EXAMPLES,
     EXAMPLES_PER_SEC,
     GLOBAL_RUN,
+    INPUT_WAIT_NOTE,
     INPUT_WAIT_SHARE,
     MEMORY_PEAK_BYTES,
     STEPS_PER_SEC,
@@ -60,6 +61,8 @@ class RunSeries:
     notes: tuple[tuple[int, str], ...] = ()  # the logger's COUNTS texts, (step, text)
     problems: tuple[str, ...] = ()  # what is wrong with the run's event files
     wall_times: dict[int, float] = dataclasses.field(default_factory=dict)  # step -> seconds
+    # The logger's INPUT_WAIT_NOTE texts, (step, text): why a fit's input-wait share is unknown.
+    input_wait_notes: tuple[tuple[int, str], ...] = ()
 
     def values(self, tag: str) -> list[float]:
         """The values of ``tag``, in step order (empty when the run has no such tag)."""
@@ -93,13 +96,14 @@ def read_runs(log_dir: str) -> dict[str, RunSeries]:
         points: dict[str, dict[int, float]] = {}
         notes: dict[int, str] = {}
         walls: dict[int, float] = {}
+        wait_notes: dict[int, str] = {}
         problems = []
         for path in files:
             records, problem = _read_records(path)
             if problem:
                 problems.append(f"{os.path.basename(path)} {problem}")
             for record in records:
-                _add_points(record, points, notes, walls)
+                _add_points(record, points, notes, walls, wait_notes)
         if not points:
             continue
         name = os.path.relpath(folder, log_dir)
@@ -111,6 +115,7 @@ def read_runs(log_dir: str) -> dict[str, RunSeries]:
             tuple(sorted(notes.items())),
             tuple(problems),
             dict(sorted(walls.items())),
+            tuple(sorted(wait_notes.items())),
         )
     return dict(sorted(runs.items()))
 
@@ -129,14 +134,18 @@ def _add_points(
     points: dict[str, dict[int, float]],
     notes: dict[int, str],
     walls: dict[int, float] | None = None,
+    wait_notes: dict[int, str] | None = None,
 ) -> None:
     from tensorboard.compat.proto import event_pb2
     from tensorboard.util import tensor_util
 
     event = event_pb2.Event.FromString(record)
+    texts = {COUNTS: notes, INPUT_WAIT_NOTE: wait_notes}
     for value in event.summary.value:
-        if value.tag == COUNTS and value.HasField("tensor") and value.tensor.string_val:
-            notes[int(event.step)] = value.tensor.string_val[0].decode("utf-8", "replace")
+        if value.tag in texts and value.HasField("tensor") and value.tensor.string_val:
+            found = texts[value.tag]
+            if found is not None:
+                found[int(event.step)] = value.tensor.string_val[0].decode("utf-8", "replace")
             continue
         if value.tag not in _TAGS:
             continue
@@ -222,7 +231,8 @@ def summarize(runs: dict[str, RunSeries]) -> dict[str, Any]:
 
     Returns:
         ``{"runs": {name: {...}}, "replica_skew": ..., "workers": {...}, "complete": ...,
-        "cut_short": {...}, "exact": ..., "derived": {...}}``. Per run: ``windows``,
+        "cut_short": {...}, "exact": ..., "derived": {...}, "input": {...}}``. Per run:
+        ``windows``,
         ``examples_per_sec`` and ``steps_per_sec`` (median / min / max over windows),
         ``examples`` (the last cumulative count), ``last_step``, ``counts`` ("exact",
         "derived", or None for logs without the note) and ``counts_note``, and ``cut_short``
@@ -233,7 +243,9 @@ def summarize(runs: dict[str, RunSeries]) -> dict[str, Any]:
         is ``(max - min) / max`` of the replicas' median examples/s (None with fewer than
         two replicas). ``workers`` gives the number of workers (1 when the job wrote no
         ``worker_<w>`` runs), each worker's median steps/s and the median of the chief's
-        logged worker skew.
+        logged worker skew. ``input`` gives the ``verdict`` line, the ``straggler``,
+        ``measured`` (whether any input-wait share was logged) and ``note`` (when none was,
+        why: the logger's ``input/wait_note``, e.g. op determinism; else None).
     """
     per_run: dict[str, Any] = {}
     for name, run in runs.items():
@@ -276,6 +288,7 @@ def summarize(runs: dict[str, RunSeries]) -> dict[str, Any]:
     skews = [v for run in runs.values() for v in run.values(WORKER_SKEW)]
     waits = _input_waits(per_run)
     named = straggler(waits)
+    wait_note = None if waits else _input_wait_note(runs)
     cut_short = {n: e["cut_short"] for n, e in per_run.items() if e["cut_short"]}
     derived = {n: e["counts_note"] for n, e in per_run.items() if e["counts"] == "derived"}
     return {
@@ -289,8 +302,10 @@ def summarize(runs: dict[str, RunSeries]) -> dict[str, Any]:
             "median_input_wait_share": {f"worker_{w}": s for w, s in waits.items()},
         },
         "input": {
-            "verdict": verdict(waits) if waits else None,
+            "verdict": verdict(waits) if waits else _unknown_verdict(wait_note),
             "straggler": None if named is None else dataclasses.asdict(named),
+            "measured": bool(waits),
+            "note": wait_note,
         },
         "complete": not cut_short,
         "cut_short": cut_short,
@@ -312,6 +327,20 @@ def _input_waits(per_run: dict[str, Any]) -> dict[int, float]:
             if parse_run(name) == ("global", None) and entry["input_wait_share"]:
                 found[0] = entry["input_wait_share"]["median"]
     return found
+
+
+def _input_wait_note(runs: dict[str, RunSeries]) -> str | None:
+    """Why the job's input-wait share is unknown, as its logger noted it (the global run's
+    latest note first), or None when no run says."""
+    ordered = sorted(runs.values(), key=lambda r: parse_run(r.name) != ("global", None))
+    for run in ordered:
+        if run.input_wait_notes:
+            return run.input_wait_notes[-1][1]
+    return None
+
+
+def _unknown_verdict(note: str | None) -> str | None:
+    return None if note is None else verdict({}, unknown=note)
 
 
 def _counts_entry(run: RunSeries) -> dict[str, Any]:
@@ -437,9 +466,11 @@ def format_table(summary: dict[str, Any]) -> str:
         lines.append(f"workers: {workers['count']} ({rates} steps/s); median skew {skew_text}")
     else:
         lines.append("workers: 1")
-    input_verdict = summary.get("input", {}).get("verdict")
+    input_summary = summary.get("input", {})
+    input_verdict = input_summary.get("verdict")
     if input_verdict:
-        lines.append(f"{input_verdict} (median over windows)")
+        measured = input_summary.get("measured", True)
+        lines.append(f"{input_verdict} (median over windows)" if measured else input_verdict)
     for name, reasons in summary.get("cut_short", {}).items():
         lines.append(f"CUT SHORT {name}: {'; '.join(reasons)}")
     derived = summary.get("derived", {})

@@ -85,6 +85,11 @@ MEMORY_PEAK_BYTES = "memory/peak_bytes"
 COUNTS = "throughput/counts"
 """A text summary (not a scalar) at each fit's first step: ``exact: ...`` or ``derived: why``."""
 
+INPUT_WAIT_NOTE = "input/wait_note"
+"""A text summary (not a scalar) of a fit whose input-wait share is unknown, saying why
+(``unknown: op determinism is on ...``); at the fit's first step, or its last when timing
+stopped during the fit. Absent when the share is measured."""
+
 LAYOUT_TAG = "custom_scalars__config__"
 """The tag TensorBoard's custom-scalars plugin stores :data:`LAYOUT` under (the plugin's name)."""
 
@@ -233,6 +238,12 @@ DERIVED_PREFIX = "derived: "
 COUNTS_DESCRIPTION = (
     "How this fit's example counts (and every examples/s) were obtained: 'exact: <source>' or "
     "'derived: <why they are not exact>'. Written once per fit, at its first step."
+)
+
+
+INPUT_WAIT_NOTE_DESCRIPTION = (
+    "Why this fit's input-wait share (input/wait_share) is unknown, e.g. op determinism, "
+    "which refuses the timer of each fetch. Written only when the share is not measured."
 )
 
 
