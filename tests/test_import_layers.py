@@ -34,6 +34,7 @@ PURE_MODULES = (
     "tfdp_utils.throughput._counts",
     "tfdp_utils.throughput._input_wait",
     "tfdp_utils.throughput._report",
+    "tfdp_utils.throughput._restarts",
     "tfdp_utils.data._info",
     "tfdp_utils.cli",
     "tfdp_utils._waiting",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -247,3 +248,104 @@ def test_a_closed_pipe_ends_quietly(log_dir: Path) -> None:
     )
     assert result.stderr == "", result.stderr
     assert result.returncode == 141  # as a command stopped by SIGPIPE, like every tfdp-utils one
+
+
+# ------------------------------------------------------------------ steps that go back
+
+
+def test_a_fit_resumed_behind_the_steps_logged_is_said_and_both_fits_kept(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A job killed without notice after logging step 910, resumed from its checkpoint of
+    # step 900: the second fit's event file starts at 900 (its count there), as the logger's.
+    killed = [(s, 8.0 * s) for s in (10, 110, 210, 310, 410, 510, 610, 710, 810, 910)]
+    write_run(
+        tmp_path,
+        GLOBAL_RUN,
+        {tags.EXAMPLES: killed, tags.EXAMPLES_PER_SEC: [(s, 800.0) for s, _ in killed[1:]]},
+    )
+    resumed = [900, 910, 1010, 1110]
+    write_run(
+        tmp_path,
+        GLOBAL_RUN,
+        {
+            tags.EXAMPLES: [(s, 8.0 * s) for s in resumed],
+            tags.EXAMPLES_PER_SEC: [(s, 700.0) for s in resumed[1:]],
+        },
+    )
+    runs = report.read_runs(str(tmp_path))
+    # Kept as TensorBoard shows it: both fits' rates at step 910; the equal counts once.
+    rates = runs[GLOBAL_RUN].series[tags.EXAMPLES_PER_SEC]
+    assert [p for p in rates if p[0] == 910] == [(910, 800.0), (910, 700.0)]
+    assert [s for s, _ in runs[GLOBAL_RUN].series[tags.EXAMPLES]].count(910) == 1
+    text = (
+        "fit 2 resumed at step 900, behind step 910 that fit 1 reached: steps 900-910 "
+        "(10 steps) trained twice"
+    )
+    assert report.main([str(tmp_path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["steps_back"] == {GLOBAL_RUN: [text]}
+    (back,) = data["runs"][GLOBAL_RUN]["steps_back"]
+    assert (back["fit"], back["resumed_at"], back["reached"], back["reached_by"]) == (
+        2,
+        900,
+        910,
+        1,
+    )
+    assert data["runs"][GLOBAL_RUN]["windows"] == 9 + 3
+    assert report.main([str(tmp_path)]) == 0
+    table = capsys.readouterr().out
+    row = next(line for line in table.splitlines() if line.startswith(GLOBAL_RUN))
+    assert row.rstrip().endswith("STEPS BACK")
+    assert f"STEPS BACK {GLOBAL_RUN}: {text}" in table, table
+
+
+@pytest.mark.keras
+def test_the_loggers_own_files_of_a_fit_resumed_from_an_older_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Two fits with the real ThroughputLogger: the first trains 20 steps, saving a checkpoint
+    # at step 12; the job is restored from it (as after a SIGKILL) and trains on; a third fit
+    # goes on where the second ended, which is no step back.
+    import tfdp_utils as tdu
+    from tfdp_utils._tf import keras
+    from tfdp_utils.callbacks import ThroughputLogger
+
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    x = np.arange(80, dtype="float32").reshape(-1, 1)
+    dist = tdu.build_distributed_dataset((x, x), strategy=strategy, global_batch_size=8)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+    iterations = model.optimizer.iterations
+    checkpoint = tf.train.Checkpoint(step=iterations)
+    saved: list[str] = []
+
+    class SaveAt12(keras.callbacks.Callback):  # type: ignore[misc]
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            if int(iterations.numpy()) == 12:
+                saved.append(checkpoint.save(str(tmp_path / "ckpt" / "step")))
+
+    def fit(**kwargs: Any) -> None:
+        logger = ThroughputLogger(tmp_path / "logs", log_every_n_steps=4, warmup_steps=1)
+        model.fit(dist, verbose=0, callbacks=[logger, *kwargs.pop("callbacks", [])], **kwargs)
+
+    fit(epochs=2, callbacks=[SaveAt12()])  # steps 0-20
+    assert int(iterations.numpy()) == 20 and len(saved) == 1
+    checkpoint.restore(saved[0]).assert_consumed()
+    assert int(iterations.numpy()) == 12
+    fit(epochs=1)  # steps 12-22
+    fit(epochs=1)  # steps 22-32: goes on
+    assert report.main([str(tmp_path / "logs"), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    text = (
+        "fit 2 resumed at step 12, behind step 20 that fit 1 reached: steps 12-20 "
+        "(8 steps) trained twice"
+    )
+    assert data["steps_back"] == {GLOBAL_RUN: [text]}, data["steps_back"]
+    for replica in (replica_run(0), replica_run(1)):  # the replicas' runs show it too
+        assert [b["text"] for b in data["runs"][replica]["steps_back"]] == [text]
+    runs = report.read_runs(str(tmp_path / "logs"))
+    assert runs[GLOBAL_RUN].fits[0].last_step == 20 and runs[GLOBAL_RUN].fits[1].first_step == 12
+    assert report.main([str(tmp_path / "logs")]) == 0
+    assert f"STEPS BACK {GLOBAL_RUN}: {text}" in capsys.readouterr().out

@@ -5,8 +5,10 @@ Reads the runs under ``LOGDIR`` (every record, checksums checked) and prints a t
 ``--plot PATH`` also draws examples/s per run over steps into a PNG (needs matplotlib:
 ``pip install 'tfdp-utils[report]'``). Event files whose records fail their checksums are
 reported as corrupt (exit status 1). Runs cut short (an event file that ends inside a record,
-or runs of one job that end at different steps or disagree on the examples trained) and
-derived counts are marked in the table, the JSON and the plot. ``--csv PATH`` and
+or runs of one job that end at different steps or disagree on the examples trained), derived
+counts and steps that go back (a fit that resumed behind a step an earlier fit logged: a job
+killed without notice and resumed from an older checkpoint) are marked in the table, the JSON
+and the plot. ``--csv PATH`` and
 ``--windows-json PATH`` write every logged point (:mod:`tfdp_utils.throughput._export`). Reading
 needs no TensorFlow import.
 """
@@ -26,6 +28,7 @@ from typing import Any
 
 from tfdp_utils.throughput import _export
 from tfdp_utils.throughput._input_wait import straggler, verdict
+from tfdp_utils.throughput._restarts import FitSpan, steps_back
 from tfdp_utils.throughput._tags import (
     COUNTS,
     EXAMPLES,
@@ -54,7 +57,14 @@ _TAGS = (
 
 @dataclasses.dataclass(frozen=True)
 class RunSeries:
-    """The throughput series of one TensorBoard run, as ``(step, value)`` pairs per tag."""
+    """The throughput series of one TensorBoard run, as ``(step, value)`` pairs per tag.
+
+    The series are what TensorBoard shows: every point of every fit logged into the run, in
+    step order. Where two fits logged the same step (a fit that resumed behind an earlier
+    one), both points are kept, the earlier fit's first, unless they are equal (the count a
+    resumed fit starts from, as the fit before it ended); within one fit the last write of a
+    step wins.
+    """
 
     name: str
     series: dict[str, list[tuple[int, float]]]
@@ -63,6 +73,8 @@ class RunSeries:
     wall_times: dict[int, float] = dataclasses.field(default_factory=dict)  # step -> seconds
     # The logger's INPUT_WAIT_NOTE texts, (step, text): why a fit's input-wait share is unknown.
     input_wait_notes: tuple[tuple[int, str], ...] = ()
+    # The steps each fit logged (one event file each), in the order the fits started.
+    fits: tuple[FitSpan, ...] = ()
 
     def values(self, tag: str) -> list[float]:
         """The values of ``tag``, in step order (empty when the run has no such tag)."""
@@ -93,22 +105,33 @@ def read_runs(log_dir: str) -> dict[str, RunSeries]:
         )
     runs: dict[str, RunSeries] = {}
     for folder, files in _event_files(log_dir):
-        points: dict[str, dict[int, float]] = {}
+        points: dict[str, list[tuple[int, float]]] = {}
         notes: dict[int, str] = {}
         walls: dict[int, float] = {}
         wait_notes: dict[int, str] = {}
         problems = []
-        for path in files:
+        fits: list[FitSpan] = []
+        read = []
+        for order, path in enumerate(files):
             records, problem = _read_records(path)
             if problem:
                 problems.append(f"{os.path.basename(path)} {problem}")
-            for record in records:
-                _add_points(record, points, notes, walls, wait_notes)
+            read.append((_started(records), order, records))
+        for _, _, records in sorted(read, key=lambda r: r[:2]):  # the order the fits started
+            own: dict[str, dict[int, float]] = {}
+            steps = [
+                step
+                for record in records
+                if (step := _add_points(record, own, notes, walls, wait_notes)) is not None
+            ]
+            _merge(points, own)
+            if steps:
+                fits.append(FitSpan(steps[0], max(steps)))
         if not points:
             continue
         name = os.path.relpath(folder, log_dir)
         display = "." if name == os.curdir else name.replace(os.sep, "/")
-        series = {tag: sorted(points[tag].items()) for tag in _TAGS if tag in points}
+        series = {tag: sorted(points[tag], key=lambda p: p[0]) for tag in _TAGS if tag in points}
         runs[display] = RunSeries(
             display,
             series,
@@ -116,8 +139,26 @@ def read_runs(log_dir: str) -> dict[str, RunSeries]:
             tuple(problems),
             dict(sorted(walls.items())),
             tuple(sorted(wait_notes.items())),
+            tuple(fits),
         )
     return dict(sorted(runs.items()))
+
+
+def _merge(points: dict[str, list[tuple[int, float]]], own: dict[str, dict[int, float]]) -> None:
+    """Add one fit's points to a run's: a step already logged keeps both points (TensorBoard
+    shows both), unless the values are equal."""
+    for tag, found in own.items():
+        series = points.setdefault(tag, [])
+        logged = set(series)
+        series.extend(point for point in found.items() if point not in logged)
+
+
+def _started(records: list[bytes]) -> float:
+    """When an event file was opened: the wall time of its first record (the file version
+    event). Orders the fits: the file names count seconds only."""
+    from tensorboard.compat.proto import event_pb2
+
+    return float(event_pb2.Event.FromString(records[0]).wall_time) if records else 0.0
 
 
 def _event_files(log_dir: str) -> list[tuple[str, list[str]]]:
@@ -135,12 +176,14 @@ def _add_points(
     notes: dict[int, str],
     walls: dict[int, float] | None = None,
     wait_notes: dict[int, str] | None = None,
-) -> None:
+) -> int | None:
+    """Add the throughput scalars of one event record; returns its step when it held one."""
     from tensorboard.compat.proto import event_pb2
     from tensorboard.util import tensor_util
 
     event = event_pb2.Event.FromString(record)
     texts = {COUNTS: notes, INPUT_WAIT_NOTE: wait_notes}
+    added = None
     for value in event.summary.value:
         if value.tag in texts and value.HasField("tensor") and value.tensor.string_val:
             found = texts[value.tag]
@@ -155,9 +198,11 @@ def _add_points(
             number = float(value.simple_value)
         else:
             continue
-        points.setdefault(value.tag, {})[int(event.step)] = number  # the last write wins
+        points.setdefault(value.tag, {})[int(event.step)] = number  # within a fit, the last wins
         if walls is not None:
             walls[int(event.step)] = float(event.wall_time)
+        added = int(event.step)
+    return added
 
 
 def _read_records(path: str) -> tuple[list[bytes], str]:
@@ -243,7 +288,12 @@ def summarize(runs: dict[str, RunSeries]) -> dict[str, Any]:
         is ``(max - min) / max`` of the replicas' median examples/s (None with fewer than
         two replicas). ``workers`` gives the number of workers (1 when the job wrote no
         ``worker_<w>`` runs), each worker's median steps/s and the median of the chief's
-        logged worker skew. ``input`` gives the ``verdict`` line, the ``straggler``,
+        logged worker skew. ``steps_back`` (per run, and for the job by run name: said once,
+        in the global run) lists each fit that resumed behind a step an earlier fit of the run
+        logged (``fit``, ``resumed_at``, ``reached``, ``reached_by`` and the ``text``: the
+        steps between were trained twice), e.g. a job killed without notice and resumed from
+        an older checkpoint; the series keep both fits' points, as TensorBoard shows them.
+        ``input`` gives the ``verdict`` line, the ``straggler``,
         ``measured`` (whether any input-wait share was logged) and ``note`` (when none was,
         why: the logger's ``input/wait_note``, e.g. op determinism; else None).
     """
@@ -264,6 +314,7 @@ def summarize(runs: dict[str, RunSeries]) -> dict[str, Any]:
             entry["peak_memory_bytes"] = int(max(peak))
         entry.update(_counts_entry(run))
         entry["cut_short"] = [f"event file {p}" for p in run.problems]
+        entry["steps_back"] = _steps_back_entries(run)
         per_run[name] = entry
     for name, reasons in _inconsistencies(runs).items():
         per_run[name]["cut_short"].extend(reasons)
@@ -291,6 +342,7 @@ def summarize(runs: dict[str, RunSeries]) -> dict[str, Any]:
     wait_note = None if waits else _input_wait_note(runs)
     cut_short = {n: e["cut_short"] for n, e in per_run.items() if e["cut_short"]}
     derived = {n: e["counts_note"] for n, e in per_run.items() if e["counts"] == "derived"}
+    went_back = _steps_back_by_job(per_run)
     return {
         "runs": per_run,
         "replica_skew": replica_skew,
@@ -311,6 +363,7 @@ def summarize(runs: dict[str, RunSeries]) -> dict[str, Any]:
         "cut_short": cut_short,
         "exact": None if not derived and not _any_note(per_run) else not derived,
         "derived": derived,
+        "steps_back": went_back,
     }
 
 
@@ -326,6 +379,33 @@ def _input_waits(per_run: dict[str, Any]) -> dict[int, float]:
         for name, entry in per_run.items():
             if parse_run(name) == ("global", None) and entry["input_wait_share"]:
                 found[0] = entry["input_wait_share"]["median"]
+    return found
+
+
+def _steps_back_entries(run: RunSeries) -> list[dict[str, Any]]:
+    """The fits of a run that resumed behind an earlier fit's steps, as JSON-ready dicts.
+
+    Only for runs that log the count (global and replica runs): each fit's first point there is
+    the count at the step it starts from. A worker run's first point is its first window.
+    """
+    if not run.series.get(EXAMPLES):
+        return []
+    return [{**dataclasses.asdict(back), "text": back.describe()} for back in steps_back(run.fits)]
+
+
+def _steps_back_by_job(per_run: dict[str, Any]) -> dict[str, list[str]]:
+    """Each job's steps that went back, said once: in its global run, or, for a job without
+    one, in each run that shows them."""
+    jobs: dict[str, dict[str, list[str]]] = {}
+    for name, entry in per_run.items():
+        if entry["steps_back"]:
+            folder = name.rsplit("/", 1)[0] if "/" in name else ""
+            jobs.setdefault(folder, {})[name] = [back["text"] for back in entry["steps_back"]]
+    found: dict[str, list[str]] = {}
+    for members in jobs.values():
+        totals = [n for n in members if parse_run(n) == ("global", None)]
+        for name in totals or list(members):
+            found[name] = members[name]
     return found
 
 
@@ -426,8 +506,10 @@ def format_table(summary: dict[str, Any]) -> str:
     for name, entry in summary["runs"].items():
         rates = entry["examples_per_sec"] or {}
         steps = entry["steps_per_sec"] or {}
-        marks = (["CUT SHORT"] if entry.get("cut_short") else []) + (
-            ["derived"] if entry.get("counts") == "derived" else []
+        marks = (
+            (["CUT SHORT"] if entry.get("cut_short") else [])
+            + (["derived"] if entry.get("counts") == "derived" else [])
+            + (["STEPS BACK"] if entry.get("steps_back") else [])
         )
         rows.append(
             (
@@ -473,6 +555,11 @@ def format_table(summary: dict[str, Any]) -> str:
         lines.append(f"{input_verdict} (median over windows)" if measured else input_verdict)
     for name, reasons in summary.get("cut_short", {}).items():
         lines.append(f"CUT SHORT {name}: {'; '.join(reasons)}")
+    for name, texts in summary.get("steps_back", {}).items():
+        lines.append(
+            f"STEPS BACK {name}: {'; '.join(texts)} (a restart from an older step; both "
+            "fits' points are kept, as TensorBoard shows them)"
+        )
     derived = summary.get("derived", {})
     for note in sorted(set(derived.values())):
         names = ", ".join(n for n, v in derived.items() if v == note)
@@ -546,6 +633,9 @@ def plot(runs: dict[str, RunSeries], path: str, summary: dict[str, Any] | None =
             title += "\nruns cut short: " + ", ".join(summary["cut_short"])
         if summary and summary.get("derived"):
             title += "\nderived counts: " + ", ".join(summary["derived"])
+        if summary and summary.get("steps_back"):
+            texts = [t for found in summary["steps_back"].values() for t in found]
+            title += "\nsteps back: " + "; ".join(texts)
         axes.set_title(title, fontsize="medium")
         axes.grid(True, alpha=0.3)
         axes.legend(loc="best", fontsize="small")
