@@ -23,11 +23,18 @@ from tfdp_utils._tf import IS_KERAS3, keras, tf
 from tfdp_utils.compat import _keras_19246 as keras_19246
 from tfdp_utils.compat import _keras_20582 as keras_20582
 from tfdp_utils.compat import _keras_20585 as keras_20585
+from tfdp_utils.compat import _keras_lso_replicas as keras_lso_replicas
 from tfdp_utils.compat import _switch
 from tfdp_utils.compat import _tf_72388 as tf_72388
 from tfdp_utils.compat._registry import REGISTRY, Patch, change_of, keras3_trainer_module
 
-ISSUES = ("keras#20585", "tensorflow#72388", "keras#19246", "keras#20582")
+ISSUES = (
+    "keras#20585",
+    "tensorflow#72388",
+    "keras#19246",
+    "keras#20582",
+    "keras-lso-replicas",
+)
 
 
 @pytest.fixture(autouse=True)
@@ -161,7 +168,7 @@ def test_bad_arguments_say_what_exists() -> None:
 
 @pytest.mark.keras
 def test_needed_for(two_cpus: Any) -> None:
-    assert compat.needed_for(two_cpus) == ("keras#19246", "keras#20582")
+    assert compat.needed_for(two_cpus) == ("keras#19246", "keras#20582", "keras-lso-replicas")
     assert compat.needed_for(tf.distribute.MirroredStrategy(["/cpu:0"])) == ("keras#20582",)
     assert compat.needed_for(tf.distribute.OneDeviceStrategy("/cpu:0")) == ()
     assert compat.needed_for(tf.distribute.get_strategy()) == ()
@@ -182,7 +189,11 @@ def _patched_attributes() -> dict[str, Any]:
     owners: list[Any] = list(keras.Model.__mro__)
     trainer = keras3_trainer_module()
     if trainer is not None:
-        owners += [trainer, keras_20582.tf_optimizer_class(trainer)]
+        owners += [
+            trainer,
+            keras_20582.tf_optimizer_class(trainer),
+            keras_lso_replicas.loss_scale_optimizer_class(trainer),
+        ]
     for owner in owners:
         for name, value in vars(owner).items():
             if change_of(value) in ISSUES:
@@ -257,6 +268,7 @@ def test_only_keras3_tensorflow_trainer_is_patched(fresh: None) -> None:
             trainer,
             trainer.TensorFlowTrainer,
             keras_20582.tf_optimizer_class(trainer),
+            keras_lso_replicas.loss_scale_optimizer_class(trainer),
         ) or (patch.owner, patch.name) == (trainer.TensorFlowTrainer.__mro__[1], "compile")
 
 
@@ -265,7 +277,7 @@ def test_auto_strategy_applies_what_its_strategy_needs(fresh: None) -> None:
     strategy = tdu.auto_strategy("mirrored", devices=["/cpu:0", "/cpu:1"])
     present = {s.issue for s in compat.status() if s.bug_present}
     # MirroredStrategy needs keras#19246 and keras#20582; the multi-worker fixes stay out.
-    wanted = ("keras#19246", "keras#20582")
+    wanted = ("keras#19246", "keras#20582", "keras-lso-replicas")
     assert compat.applied() == tuple(issue for issue in wanted if issue in present)
     assert strategy.num_replicas_in_sync == 2
 
@@ -447,3 +459,51 @@ def test_a_saved_model_loads_compiled_with_the_workarounds_applied(
     assert int(loaded.optimizer.iterations.numpy()) == 2
     compat.undo("keras#19246")
     assert "keras#19246" not in compat.applied()
+
+
+# ----------------------- keras-lso-replicas: LossScaleOptimizer's first-replica verdict
+
+
+def _mixed_precision_fit(strategy: Any) -> Any:
+    """mixed_float16 on a builder dataset of unknown size: a replica's gradients overflow
+    where the first replica's do not (its last batch of an epoch differs)."""
+    from support import interactions as job
+
+    settings = job.Settings(mixed=True, unknown_size=True)
+    with job.applied(settings):
+        cell = job.Job(settings, strategy)
+        job.fit(cell, job.dataset(settings, strategy), [])
+    return cell
+
+
+def test_lso_replicas_probe_reads_the_construct() -> None:
+    assert keras_lso_replicas.first_replica_decides(
+        "finite = distribution.experimental_local_results(finite_per_replica)[0]"
+    )
+    assert not keras_lso_replicas.first_replica_decides(
+        "failing = distribution.reduce(SUM, per_replica, axis=None)\n"
+        "x = distribution.experimental_local_results(v)[0]"
+    )
+
+
+@pytest.mark.keras
+def test_lso_replicas_nan_weights_without_the_workaround_finite_with_it(
+    fresh: None, two_cpus: Any
+) -> None:
+    if not IS_KERAS3:
+        # tf_keras' LossScaleOptimizer all-reduces the gradients before its check: no bug,
+        # nothing applied, finite weights.
+        assert "keras-lso-replicas" not in compat.apply_for_strategy(two_cpus)
+        cell = _mixed_precision_fit(two_cpus)
+        assert all(np.isfinite(w).all() for w in cell.weights())
+        return
+    assert compat.applied() == ()
+    assert {s.issue: s.bug_present for s in compat.status()}["keras-lso-replicas"] is True
+    broken = _mixed_precision_fit(two_cpus)
+    assert any(np.isnan(w).any() for w in broken.weights())  # the upstream failure
+    assert "keras-lso-replicas" in compat.apply(["keras-lso-replicas"])
+    fixed = _mixed_precision_fit(two_cpus)
+    assert all(np.isfinite(w).all() for w in fixed.weights())
+    # The overflowing step was skipped on both replicas: fewer updates than steps.
+    assert 0 < fixed.updates() < 3 * 6
+    compat.undo("keras-lso-replicas")

@@ -54,6 +54,16 @@ def test_the_logged_examples_are_the_examples_trained(
         summary: Any = logger.summary()
     trained = cell.examples_trained()
     assert trained == job.EPOCHS * job.N
+    # The one-iterator fit (one stream of whole epochs): each epoch trains every example once.
+    assert sorted(cell.epochs) == list(range(job.EPOCHS))
+    assert all(job.ids_once(counts) for counts in cell.epochs.values()), cell.epochs
+    share = summary["input_wait_share"]  # measured, or unknown with the reason
+    if share is None:
+        assert summary.get("input_wait_note"), summary
+        if settings.determinism:
+            assert "determinism" in summary["input_wait_note"]
+    else:
+        assert 0.0 <= share <= 1.0
     if not summary["exact"]:  # a count it cannot make exact says why
         assert summary["derived_reason"], summary
         return

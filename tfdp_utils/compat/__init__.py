@@ -31,6 +31,9 @@ bug, so that a fixed Keras gets no patch:
 - ``keras#20582`` (:mod:`.keras_20582`): an optimizer with ``gradient_accumulation_steps``
   under Mirrored/MultiWorkerMirrored fails with ``merge_call called while defining a new
   graph``.
+- ``keras-lso-replicas`` (:mod:`.keras_lso_replicas`): under mixed precision on two or more
+  Mirrored/MultiWorkerMirrored replicas, ``LossScaleOptimizer`` applies a step whose gradients
+  overflow on a replica other than the first (NaN weights).
 
 :func:`tfdp_utils.auto_strategy` applies the ones its strategy needs (through
 :func:`apply_for_strategy`); :func:`apply` applies every one whose bug is present. Each is
@@ -50,9 +53,9 @@ them changes Keras' code.
 Examples:
     >>> import tfdp_utils as tdu
     >>> tdu.compat.apply()  # doctest: +SKIP
-    ('keras#20585', 'tensorflow#72388', 'keras#19246', 'keras#20582')
+    ('keras#20585', 'tensorflow#72388', 'keras#19246', 'keras#20582', 'keras-lso-replicas')
     >>> tdu.compat.applied()  # doctest: +SKIP
-    ('keras#20585', 'tensorflow#72388', 'keras#19246', 'keras#20582')
+    ('keras#20585', 'tensorflow#72388', 'keras#19246', 'keras#20582', 'keras-lso-replicas')
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ from tfdp_utils.compat import _fit_binding as fit_binding
 from tfdp_utils.compat import _keras_19246 as keras_19246
 from tfdp_utils.compat import _keras_20582 as keras_20582
 from tfdp_utils.compat import _keras_20585 as keras_20585
+from tfdp_utils.compat import _keras_lso_replicas as keras_lso_replicas
 from tfdp_utils.compat import _one_iterator as one_iterator
 from tfdp_utils.compat import _resume_position as resume_position
 from tfdp_utils.compat import _tf_72388 as tf_72388
@@ -90,6 +94,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     tf_72388.WORKAROUND,
     keras_19246.WORKAROUND,
     keras_20582.WORKAROUND,
+    keras_lso_replicas.WORKAROUND,
 )
 _BY_ISSUE = {w.issue: w for w in WORKAROUNDS}
 
@@ -263,7 +268,7 @@ def apply(issues: Iterable[str] | None = None) -> tuple[str, ...]:
     Examples:
         >>> import tfdp_utils as tdu
         >>> tdu.compat.apply(["keras#19246"])  # doctest: +SKIP
-        ('keras#19246', 'keras#20582')
+        ('keras#19246', 'keras#20582', 'keras-lso-replicas')
     """
     return _apply(_select(issues), "tdu.compat.apply()")
 
@@ -273,8 +278,9 @@ def needed_for(strategy: Any) -> tuple[str, ...]:
 
     MultiWorkerMirroredStrategy needs keras#20585 and tensorflow#72388; MirroredStrategy or
     MultiWorkerMirroredStrategy with two or more replicas in sync needs keras#19246 (for
-    ``steps_per_execution > 1``); either, on any number of replicas, needs keras#20582 (for
-    ``gradient_accumulation_steps``). Pure: applies nothing.
+    ``steps_per_execution > 1``) and keras-lso-replicas (for mixed precision); either, on any
+    number of replicas, needs keras#20582 (for ``gradient_accumulation_steps``). Pure: applies
+    nothing.
 
     Args:
         strategy: a ``tf.distribute.Strategy``.
@@ -291,6 +297,8 @@ def needed_for(strategy: Any) -> tuple[str, ...]:
         needs.append(keras_19246.ISSUE)
     if is_mirrored_family(strategy):
         needs.append(keras_20582.ISSUE)
+    if is_mirrored_family(strategy) and int(strategy.num_replicas_in_sync) >= 2:
+        needs.append(keras_lso_replicas.ISSUE)
     return tuple(needs)
 
 
@@ -310,7 +318,7 @@ def apply_for_strategy(strategy: Any) -> tuple[str, ...]:
         >>> import tfdp_utils as tdu
         >>> strategy = tf.distribute.MirroredStrategy(["/gpu:0", "/gpu:1"])  # doctest: +SKIP
         >>> tdu.compat.apply_for_strategy(strategy)  # doctest: +SKIP
-        ('keras#19246', 'keras#20582')
+        ('keras#19246', 'keras#20582', 'keras-lso-replicas')
     """
     require_supported()
     changes.skip_autograph_for_tf_keras(applied_by="apply_for_strategy()")
@@ -403,7 +411,7 @@ def status() -> tuple[WorkaroundStatus, ...]:
     Examples:
         >>> import tfdp_utils as tdu
         >>> [s.issue for s in tdu.compat.status() if s.applied]  # doctest: +SKIP
-        ['keras#19246', 'keras#20582', 'fit-binding', 'mirrored-collective-keys', ...]
+        ['keras#19246', 'keras#20582', 'keras-lso-replicas', 'fit-binding', ...]
     """
     with _LOCK:
         return tuple(_status(change) for change in CHANGES)

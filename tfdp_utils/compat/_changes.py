@@ -103,6 +103,23 @@ EXIT_GUARD = RuntimeChange(
     kill_switch=False,
 )
 
+EXIT_BARRIER = RuntimeChange(
+    name="exit-barrier",
+    kind="process",
+    changes="an atexit handler: on a clean exit, each worker of a MultiWorkerMirroredStrategy "
+    "job marks its exit in the coordination service and waits for the other workers' marks "
+    "(bounded: not for a peer whose port is closed, nor once the service is gone, nor past "
+    "TFDP_EXIT_BARRIER seconds)",
+    why="a worker that tears down while its peers are already gone runs TensorFlow's "
+    "teardown with the coordination agent still running and already failed over the "
+    "peer's absence; jobs whose workers ended more than ~4 s apart were reported to abort "
+    "(SIGABRT) after their last output line. Installed by auto_strategy() over 2 or more "
+    "workers. Not a change to Keras, so TFDP_NO_KERAS_PATCHES leaves it on; "
+    "TFDP_EXIT_BARRIER=0 keeps it from being installed",
+    undoable=True,
+    kill_switch=False,
+)
+
 SIGTERM_DEFAULT = RuntimeChange(
     name="sigterm-default",
     kind="process",
@@ -141,6 +158,7 @@ CHANGES = (
     ACCUMULATION_STEP,
     STRATEGY_CHOICE,
     EXIT_GUARD,
+    EXIT_BARRIER,
     SIGTERM_DEFAULT,
 )
 
@@ -187,6 +205,34 @@ def guard_exits(*, applied_by: str) -> None:
         if interrupts is not None:
             patches.append(interrupts)
         REGISTRY.record(EXIT_GUARD, applied_by=applied_by, patches=patches)
+
+
+def hold_exits(
+    store: Any,
+    *,
+    rank: int,
+    addresses: Any,
+    before: Any = None,
+    applied_by: str,
+) -> None:
+    """Install the exit barrier (:mod:`tfdp_utils._exit_barrier`) once per process.
+
+    Does nothing when ``TFDP_EXIT_BARRIER`` is ``0`` or an off word.
+
+    Raises:
+        ValueError: ``TFDP_EXIT_BARRIER`` is not a number of seconds >= 0.
+    """
+    from tfdp_utils import _exit_barrier
+
+    with REGISTRY.lock:
+        seconds = _exit_barrier.bound()
+        if REGISTRY.get(EXIT_BARRIER.name) is not None or seconds is None:
+            return
+        barrier = _exit_barrier.install(
+            store, rank=rank, addresses=addresses, seconds=seconds, before=before
+        )
+        patches: list[Any] = [barrier]
+        REGISTRY.record(EXIT_BARRIER, applied_by=applied_by, patches=patches)
 
 
 def teach_tf_keras(*, applied_by: str) -> bool:

@@ -96,6 +96,20 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "shows whether your setup trains the same",
     ),
     KnownIssue(
+        issue="keras-lso-replicas",
+        title="mixed precision on 2+ Mirrored replicas: a step whose gradients overflow on a "
+        "replica other than the first is applied (NaN weights)",
+        package="keras",
+        affected_from="3.0",
+        fixed_in=None,
+        workaround="compat",
+        hardware=None,
+        url="https://github.com/keras-team/keras/blob/master/keras/src/optimizers/"
+        "loss_scale_optimizer.py",
+        note="LossScaleOptimizer takes the first replica's finiteness check; tfdp-utils decides "
+        "over every replica and worker (tf_keras already does)",
+    ),
+    KnownIssue(
         issue="keras#21061",
         title="distributed training produces NaN losses under MirroredStrategy",
         package="keras",
