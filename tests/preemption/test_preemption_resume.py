@@ -35,7 +35,7 @@ REPLICAS = int(os.environ["JOB_REPLICAS"])
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * REPLICAS)
 tf.config.experimental.enable_op_determinism()
-tf.keras.utils.set_random_seed(1)
+tf.keras.utils.set_random_seed(int(os.environ.get("JOB_GLOBAL_SEED", "1")))
 import tfdp_utils as tdu
 from tfdp_utils._tf import keras
 
@@ -72,18 +72,26 @@ class Count(keras.layers.Layer):  # counts the ids each replica trains on
         return inputs[:, 1:]
 
 
+ACCUMULATION = int(os.environ.get("JOB_ACCUMULATION", "1"))
+if os.environ.get("JOB_MIXED"):
+    keras.mixed_precision.set_global_policy("mixed_float16")
 with strategy.scope():
     model = keras.Sequential(
         [
             keras.Input((3,)),
-            Count(),
+            Count(dtype="float32"),
             keras.layers.Dense(4, activation="tanh"),
-            keras.layers.Dense(1),
+            keras.layers.Dense(1, dtype="float32"),
         ]
     )
     # A learning-rate schedule: a resume that restarted it would end on other weights.
     schedule = keras.optimizers.schedules.ExponentialDecay(0.01, decay_steps=4, decay_rate=0.8)
-    model.compile(keras.optimizers.Adam(schedule), "mse")
+    options = {"gradient_accumulation_steps": ACCUMULATION} if ACCUMULATION > 1 else {}
+    if options and not hasattr(keras.optimizers.Adam(), "gradient_accumulation_steps"):
+        options = {}  # tf_keras: tdu.enable_gradient_accumulation below
+    model.compile(keras.optimizers.Adam(schedule, **options), "mse")
+if ACCUMULATION > 1 and not options:
+    tdu.enable_gradient_accumulation(model, ACCUMULATION)
 
 log = {"epochs": {}, "batches": []}
 
@@ -126,11 +134,18 @@ def custom_loop():  # the same training with tdu.make_distributed_train_step
 
 checkpoint = tdu.callbacks.PreemptionCheckpoint(directory, every_steps=every)
 logger = tdu.callbacks.ThroughputLogger(os.environ["JOB_TB"], log_every_n_steps=2)
+backups = (
+    [keras.callbacks.BackupAndRestore(tdu.worker_backup_dir(directory + "-backup", strategy))]
+    if os.environ.get("JOB_BACKUP")
+    else []
+)
 try:
     if os.environ.get("JOB_LOOP"):
         custom_loop()
     else:
-        model.fit(dist, epochs=EPOCHS, verbose=0, callbacks=[logger, Record(), checkpoint])
+        model.fit(
+            dist, epochs=EPOCHS, verbose=0, callbacks=[*backups, logger, Record(), checkpoint]
+        )
     log["weights"] = [w.tolist() for w in model.get_weights()]
 finally:
     log["iterations"] = int(model.optimizer.iterations.numpy())
@@ -316,3 +331,34 @@ def test_one_worker_killed_without_notice_resumes_exactly_from_the_last_periodic
         assert log["batches"][0] == [1, 2]
         assert _max_diff(log["weights"], ref["weights"]) <= 1e-6
         assert log["iterations"] == 18
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"JOB_GLOBAL_SEED": "0", "JOB_MIXED": "1", "JOB_BACKUP": "1"},
+        {"JOB_ACCUMULATION": "2", "JOB_MIXED": "1"},
+        {"JOB_GLOBAL_SEED": "0", "JOB_ACCUMULATION": "2", "JOB_BACKUP": "1"},
+    ],
+    ids=["seed0-mixed-backup", "accumulation-mixed", "seed0-accumulation-backup"],
+)
+def test_two_workers_resume_exactly_under_users_settings(
+    tmp_path: Path, settings: dict[str, str]
+) -> None:
+    # The interaction matrix's 2-worker cells (tests/interactions/ runs 1 process): global
+    # seed 0, mixed precision, gradient accumulation and BackupAndRestore, crossed pairwise.
+    reference = _run(tmp_path, "reference", tmp_path / "reference", 2, **settings)
+    for log in reference:
+        assert log["status"] == 0, log["stderr"][-4000:]
+    told = {"JOB_SIGNAL_AT": json.dumps([1, 1, "SIGTERM"])}
+    stopped = _run(tmp_path, "stopped", tmp_path / "job", 2, told, **settings)
+    for log in stopped:
+        assert log["status"] == PREEMPTED, log["stderr"][-4000:]
+    assert len({tuple(log["batches"][-1]) for log in stopped}) == 1  # one agreed step
+    resumed = _run(tmp_path, "resumed", tmp_path / "job", 2, **settings)
+    for log, ref in zip(resumed, reference, strict=True):
+        assert log["status"] == 0, log["stderr"][-4000:]
+        assert log["resumed_from"] and "ckpt-" in log["resumed_from"]
+        assert log["iterations"] == ref["iterations"]
+        assert _max_diff(log["weights"], ref["weights"]) <= 1e-6
+    assert _epoch_2_ids(stopped, resumed) == [1.0] * 45
