@@ -176,3 +176,23 @@ def test_a_notice_during_validation_stops_it_and_saves_the_epoch_end(
     assert second.resumed_from == first.saved_path
     assert sorted(resumed.epochs) == [1, 2]
     assert job.max_difference(reference.weights(), resumed.weights()) == 0.0
+
+
+@pytest.mark.parametrize("kind", ["arrays", "tf.data"])
+def test_data_not_from_the_builder_is_refused_with_both_fixes(tmp_path: Path, kind: str) -> None:
+    settings = job.Settings()
+    x, y = job.arrays()
+    with job.applied(settings):
+        strategy = job.strategy_for(settings)
+        cell = job.Job(settings, strategy)
+        checkpoint = tdu.callbacks.PreemptionCheckpoint(tmp_path, exit=False)
+        data: Any = (x, y) if kind == "arrays" else job.tf.data.Dataset.from_tensor_slices((x, y))
+        with pytest.raises(TypeError, match=r"tdu\.build_distributed_dataset") as raised:
+            if kind == "arrays":
+                cell.model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[checkpoint])
+            else:
+                cell.model.fit(data.batch(8), epochs=1, verbose=0, callbacks=[checkpoint])
+    message = str(raised.value)
+    assert ("ndarray" if kind == "arrays" else "Dataset") in message
+    assert "BackupAndRestore" in message  # the epoch-granular alternative
+    assert cell.updates() == 0

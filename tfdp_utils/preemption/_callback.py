@@ -332,7 +332,10 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
             raise TypeError(
                 f"PreemptionCheckpoint resumes a dataset from tdu.build_distributed_dataset(), "
                 f"but fit received {type(x).__name__}. Build the training data with "
-                "tdu.build_distributed_dataset(...) (not through the tf.data service)."
+                "tdu.build_distributed_dataset(...) (not through the tf.data service): the "
+                "same arrays or tf.data.Dataset go where x was, and the job then resumes at "
+                "the step it stopped. For a resume at the last epoch's end instead, use "
+                "keras.callbacks.BackupAndRestore."
             )
         resumable = factory()
         if resumable is None:
