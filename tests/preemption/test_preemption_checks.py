@@ -178,9 +178,9 @@ def test_a_notice_before_the_first_step_stops_without_training(tmp_path: Path) -
     ("kwargs", "error", "words"),
     [
         ({"signals": ("SIGKILL",)}, ValueError, "SIGKILL"),
-        ({"every_steps": 0}, ValueError, "every_steps must be a whole number >= 1"),
-        ({"keep": 0}, ValueError, "keep must be a whole number >= 1"),
-        ({"grace_seconds": -1}, ValueError, "grace_seconds must be a number of seconds > 0"),
+        ({"every_steps": 0}, ValueError, "every_steps must be a positive integer"),
+        ({"keep": 0}, ValueError, "keep must be a positive integer"),
+        ({"grace_seconds": -1}, ValueError, "grace_seconds must be a positive finite number"),
         ({"exit": "yes"}, TypeError, "exit must be True or False"),
     ],
 )

@@ -28,7 +28,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from tfdp_utils import _tf
+from tfdp_utils import _tf, _validate
 from tfdp_utils._tf import keras, tf
 from tfdp_utils.cluster._topology import position_of
 from tfdp_utils.compat import _fit_binding as fit_binding
@@ -48,12 +48,8 @@ _fits = itertools.count()  # keys of each prepared fit: the same on every worker
 DEFAULT_GRACE_SECONDS = 25.0
 
 
-def _positive_int_or_none(value: Any, name: str) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a whole number >= 1 or None, but received {value!r}.")
-    return value
+def _positive_int_or_none(value: Any, name: str, hint: str) -> int | None:
+    return None if value is None else _validate.positive_int(value, name, hint=hint)
 
 
 def _model_variables(model: Any) -> list[list[Any]]:
@@ -86,9 +82,11 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
             `25.0` (Kubernetes gives 30 s).
 
     Raises:
-        TypeError: a ``directory`` that is not a path.
+        TypeError: a ``directory`` that is not a path; ``every_steps``/``keep`` not integers,
+            ``grace_seconds`` not a number, ``exit`` not a bool, ``signals`` not names or
+            numbers.
         ValueError: a signal that cannot be caught or is unknown, ``every_steps`` or ``keep``
-            not a whole number >= 1.
+            below 1, ``grace_seconds`` not a positive finite number.
     """
 
     EXIT_STATUS = signals_.PREEMPTED_EXIT_STATUS
@@ -113,23 +111,17 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
             )
         self.directory = os.fspath(directory)  # checked and made absolute when fit starts
         self.signals = signals_.signal_numbers(signals)
-        self.every_steps = _positive_int_or_none(every_steps, "every_steps")
-        checked_keep = _positive_int_or_none(keep, "keep")
-        if checked_keep is None:
-            raise ValueError(f"keep must be a whole number >= 1, but received {keep!r}.")
-        self.keep = checked_keep
-        if not isinstance(exit, bool):
-            raise TypeError(f"exit must be True or False, but received {exit!r}.")
-        self.exit = exit
-        if (
-            isinstance(grace_seconds, bool)
-            or not isinstance(grace_seconds, (int, float))
-            or not grace_seconds > 0
-        ):
-            raise ValueError(
-                f"grace_seconds must be a number of seconds > 0, but received {grace_seconds!r}."
-            )
-        self.grace_seconds = float(grace_seconds)
+        self.every_steps = _positive_int_or_none(
+            every_steps, "every_steps", "Pass e.g. every_steps=500, or None for no periodic save."
+        )
+        self.keep = _validate.positive_int(keep, "keep", hint="Pass e.g. keep=3.")
+        self.exit = _validate.boolean(exit, "exit")
+        self.grace_seconds = _validate.positive_float(
+            grace_seconds,
+            "grace_seconds",
+            unit="number of seconds",
+            hint="Pass the scheduler's grace period, e.g. grace_seconds=25 (Kubernetes: 30 s).",
+        )
         # fit must be wrapped before the call that takes this callback is looked up.
         fit_binding.install(applied_by="PreemptionCheckpoint()")
         self.notice = signals_.Notice()
@@ -301,8 +293,7 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
             ...     for epoch, step, batch in batches:  # doctest: +SKIP
             ...         train_step(batch)
         """
-        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-            raise ValueError(f"epochs must be a whole number >= 1, but received {epochs!r}.")
+        epochs = _validate.positive_int(epochs, "epochs", hint="Pass e.g. epochs=3.")
         optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
         if optimizer is None:
             raise ValueError(
