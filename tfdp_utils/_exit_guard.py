@@ -289,9 +289,11 @@ def _flush() -> None:
 
 def _at_exit() -> None:
     """Release the uncaught error's frames; arm the backstop (not interactive, not pytest)."""
+    global _status
     if not ACTIVE:
         return
     status = _status if _status is not None else status_for(getattr(sys, "last_type", None))
+    _status = status  # kept: the release below drops sys.last_* (the exit barrier reads it)
     if status is not None:
         arm_backstop()  # before the release, which can itself wait (a once-armed timer stays)
     release_uncaught()

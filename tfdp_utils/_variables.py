@@ -55,6 +55,9 @@ EXIT_GUARD = "TFDP_EXIT_GUARD"
 EXIT_GRACE = "TFDP_EXIT_GRACE"
 """Seconds a process may take to exit after an uncaught error before it is ended (0: never)."""
 
+EXIT_BARRIER = "TFDP_EXIT_BARRIER"
+"""Seconds a multi-worker job's worker waits at exit for its peers to exit too (0: no wait)."""
+
 TRACEBACK = "TFDP_TRACEBACK"
 """``1`` makes the ``tfdp-utils`` command show full tracebacks instead of one-line errors."""
 
@@ -71,6 +74,7 @@ OURS: tuple[str, ...] = (
     HOSTS_OVERRIDE,
     EXIT_GUARD,
     EXIT_GRACE,
+    EXIT_BARRIER,
     TRACEBACK,
 )
 """Every variable of tfdp-utils' own."""

@@ -121,6 +121,7 @@ def _undoable() -> set[str]:
         "fit-one-iterator",
         "tf_keras-datasets",
         "exit-guard",
+        "exit-barrier",
         "tf_keras-autograph",
         "resume-position",
     }

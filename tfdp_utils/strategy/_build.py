@@ -170,6 +170,9 @@ def _build_multi_worker(
         if key in _CACHE:
             return _CACHE[key]
     if config is not None and config.num_workers > 1:
+        from tfdp_utils import _exit_barrier
+
+        _exit_barrier.bound()  # a malformed TFDP_EXIT_BARRIER fails here, before any wait
         # MWMS's constructor waits forever for a missing worker and cannot be interrupted
         # (the call holds the GIL, SIGTERM is ignored), so bound the wait before calling it.
         wait_for_peers(config, timeout=cluster_timeout, called_at=called_at)
@@ -183,6 +186,7 @@ def _build_multi_worker(
     from tfdp_utils.compat import _changes
 
     _changes.restore_sigterm(applied_by="auto_strategy()")  # SIGTERM ends the job again
+    _hold_exits(strategy, config)  # the workers leave together
     if collective_timeout is not None and is_multi_worker(strategy):
         CollectiveWatchdog(collective_timeout, phases=_phase_tracker(strategy)).start()
         logger.info(
@@ -194,6 +198,26 @@ def _build_multi_worker(
     with _CACHE_LOCK:
         _CACHE[key] = strategy
     return strategy
+
+
+def _hold_exits(strategy: Any, config: ClusterConfig | None) -> None:
+    """Install the exit barrier when ``strategy`` spans 2 or more training workers."""
+    if config is None or config.worker_rank is None or not is_multi_worker(strategy):
+        return
+    from tfdp_utils.compat import _changes
+    from tfdp_utils.preemption._agreement import CoordinationStore
+    from tfdp_utils.strategy._faults import stop_watchdogs
+
+    addresses = [address for _, _, address in config.training_tasks]
+    if len(addresses) < 2:
+        return
+    _changes.hold_exits(
+        CoordinationStore(),
+        rank=config.worker_rank,
+        addresses=addresses,
+        before=stop_watchdogs,
+        applied_by="auto_strategy()",
+    )
 
 
 def _phase_tracker(strategy: Any) -> Any:

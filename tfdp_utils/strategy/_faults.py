@@ -54,7 +54,10 @@ _RUNNING: weakref.WeakSet[CollectiveWatchdog] = weakref.WeakSet()
 
 
 @atexit.register
-def _stop_running_watchdogs() -> None:
+def stop_watchdogs() -> None:
+    """Stop every running watchdog (at exit: before finalization, and before the exit
+    barrier, so that no helper thread uses the coordination service while the workers leave).
+    """
     # A watchdog holds the training thread's frame while that thread is inside a TensorFlow
     # call; dropping it frees the frame's locals (dataset iterators among them). Done by a
     # daemon thread once the interpreter is finalizing, that free aborts the process in
