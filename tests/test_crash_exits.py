@@ -5,7 +5,8 @@ interleave, the pipeline that keeps a crashed process alive without tfdp-utils' 
 (``test_without_the_guard_the_same_crash_never_ends`` shows the hang). ``scripts/crash_repeat.py``
 repeats every crash path (errors in fit/evaluate/predict/a loop, Ctrl-C, SIGTERM, the watchdog's
 abort; every source kind; 1 and 2 workers and replicas) many times in CI, with a 10 s bound from
-the error to the exit.
+the error to the exit. The last tests are clean exits of a 2-worker job whose workers end apart
+(the exit barrier, ``scripts/exit_repeat.py --skew`` repeats them).
 """
 
 from __future__ import annotations
@@ -15,7 +16,16 @@ import subprocess
 import time
 
 import pytest
-from support.processes import run_python, start_python
+from support.processes import (
+    Outcome,
+    Process,
+    free_port,
+    result_line,
+    run_python,
+    start_python,
+    tf_config,
+    wait_all,
+)
 
 JOB = r"""
 import os, signal, sys, time
@@ -135,3 +145,92 @@ def test_the_guard_is_listed_and_undone_by_the_registry(tmp_path) -> None:
     first, second = done.stdout.strip().splitlines()[-2:]
     assert first.split()[-3:] == ["auto_strategy()", "True", "False"]
     assert second == "True"
+
+
+TWO_WORKERS = r"""
+import atexit, json, os, sys, time
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def report():  # registered first, so it runs last: after the exit barrier
+    from tfdp_utils.compat._registry import REGISTRY
+
+    applied = REGISTRY.get("exit-barrier")
+    barrier = applied.patches[0] if applied else None
+    outcome = barrier.outcome if barrier else None
+    times = barrier.times if barrier else {}
+    print("BARRIER " + json.dumps({"outcome": outcome, "times": times}), flush=True)
+
+
+atexit.register(report)
+import numpy as np
+import tensorflow as tf
+import tfdp_utils as tdu
+from tfdp_utils._tf import keras
+
+strategy = tdu.auto_strategy(cluster_timeout=60, verbose=False)
+x = np.random.RandomState(0).rand(64, 4).astype("float32")
+train = tdu.build_distributed_dataset(
+    (x, x.sum(1, keepdims=True)), strategy=strategy, global_batch_size=8
+)
+with strategy.scope():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+model.fit(train, epochs=1, verbose=0)
+print("RESULT " + json.dumps({"at": time.time()}), flush=True)
+time.sleep(float(os.environ.get("EXIT_SKEW", "0")))  # this worker exits that much later
+"""
+
+
+def _two_workers(skews: tuple[float, float]) -> list[Process]:
+    ports = [free_port(), free_port()]
+    return [
+        start_python(
+            TWO_WORKERS,
+            env={"TF_CONFIG": tf_config(ports, index), "EXIT_SKEW": str(skews[index])},
+        )
+        for index in range(2)
+    ]
+
+
+def test_workers_that_end_6_s_apart_both_exit_0_together() -> None:
+    # Workers that ended far apart were reported to die by SIGABRT after their last output
+    # line (-6, "FATAL: exception not rethrown"); the exit barrier makes them leave together.
+    outcomes = wait_all(_two_workers((0.0, 6.0)), timeout=240)
+    assert [outcome.returncode for outcome in outcomes] == [0, 0], _tails_of(outcomes)
+    early, late = (result_line(outcome, "BARRIER") for outcome in outcomes)
+    assert early["outcome"] == ["all", []] and late["outcome"] == ["all", []]
+    # The early worker waited for the late one's arrival, and left within a moment of it.
+    assert early["times"]["left"] >= late["times"]["waits"] - 0.05
+    assert abs(early["times"]["left"] - late["times"]["left"]) < 2.0
+
+
+def test_a_worker_whose_peer_was_killed_still_exits_0_within_seconds() -> None:
+    processes = _two_workers((0.0, 600.0))
+    try:
+        deadline = time.monotonic() + 240
+        while not all("RESULT " in process.stdout() for process in processes):
+            assert time.monotonic() < deadline, _tails_now(processes)
+            assert all(process.poll() in (None, 0) for process in processes), _tails_now(processes)
+            time.sleep(0.2)
+        time.sleep(1.0)  # worker 0 waits at its exit barrier for worker 1
+        assert processes[0].poll() is None, _tails_now(processes)
+        processes[1].popen.kill()
+        killed = time.monotonic()
+        status = processes[0].popen.wait(timeout=60)
+        seconds = time.monotonic() - killed
+        out = processes[0].stdout()
+    finally:
+        for process in processes:
+            process.close()
+    assert status == 0, out
+    assert seconds < 8.0, f"exited {seconds:.1f} s after its peer was killed"
+    assert result_line(Outcome(status, out, ""), "BARRIER")["outcome"] == ["gone", [1]]
+
+
+def _tails_now(processes: list[Process]) -> str:
+    return "\n".join(process.tail() for process in processes)
+
+
+def _tails_of(outcomes: list[Outcome]) -> str:
+    return "\n".join(f"rc={o.returncode}\n{o.stdout[-2000:]}\n{o.stderr[-3000:]}" for o in outcomes)
