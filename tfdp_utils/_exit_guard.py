@@ -51,6 +51,7 @@ import contextlib
 import faulthandler
 import gc
 import logging
+import math
 import os
 import signal
 import sys
@@ -92,7 +93,8 @@ def grace(environ: dict[str, str] | None = None) -> float | None:
     if not text:
         return DEFAULT_GRACE
     seconds = env_seconds(_variables.EXIT_GRACE, text, example=DEFAULT_GRACE)
-    if seconds < 0:
+    # faulthandler refuses a timeout that is not finite, when the backstop is armed.
+    if not math.isfinite(seconds) or seconds < 0:
         raise ValueError(
             f"{_variables.EXIT_GRACE} must be a number of seconds >= 0, but received "
             f"{_variables.EXIT_GRACE}={text!r}. Set it to e.g. {DEFAULT_GRACE:g}, or 0 to turn "
