@@ -232,6 +232,34 @@ ENVIRONMENTS: list[tuple[str, dict[str, str], Raises | Accepts]] = [
 # agreement test, outside the campaign's counted table (docs/errors.md states its counts).
 EXIT_GUARD_ENVIRONMENTS: list[tuple[str, dict[str, str], Raises | Accepts]] = [
     (
+        "env: TFDP_EXIT_BARRIER=abc",
+        {"TFDP_EXIT_BARRIER": "abc"},
+        Raises(
+            ValueError,
+            r"TFDP_EXIT_BARRIER must be a number of seconds, but received "
+            r"TFDP_EXIT_BARRIER='abc'\. Set it to e\.g\. 60\.",
+        ),
+    ),
+    (
+        "env: TFDP_EXIT_BARRIER=-1",
+        {"TFDP_EXIT_BARRIER": "-1"},
+        Raises(
+            ValueError,
+            r"TFDP_EXIT_BARRIER must be a finite number of seconds >= 0, but received "
+            r"TFDP_EXIT_BARRIER='-1'\. Set it to e\.g\. 60, or 0",
+        ),
+    ),
+    (
+        "env: TFDP_EXIT_BARRIER=nan",
+        {"TFDP_EXIT_BARRIER": "nan"},
+        Raises(ValueError, r"TFDP_EXIT_BARRIER must be a finite number of seconds >= 0"),
+    ),
+    (
+        "env: TFDP_EXIT_BARRIER=off",
+        {"TFDP_EXIT_BARRIER": "off"},
+        Accepts("'off' (or 0) lets each worker exit on its own, as documented"),
+    ),
+    (
         "env: TFDP_EXIT_GRACE=abc",
         {"TFDP_EXIT_GRACE": "abc"},
         Raises(

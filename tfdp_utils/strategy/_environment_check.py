@@ -15,7 +15,7 @@ import os
 import re
 from collections.abc import Callable, Mapping
 
-from tfdp_utils import _exit_guard, _variables
+from tfdp_utils import _exit_barrier, _exit_guard, _variables
 from tfdp_utils._validate import env_seconds, mapping, positive_float
 from tfdp_utils.cluster._environments import ENVIRONMENTS
 from tfdp_utils.cluster._slurm import slurm_port_base
@@ -48,6 +48,7 @@ CHECKED: tuple[str, ...] = (
     _variables.SERVICE_TIMEOUT,
     _variables.SLURM_PORT_BASE,
     _variables.EXIT_GRACE,
+    _variables.EXIT_BARRIER,
 )
 """The variables :func:`check_environment` checks, in its order."""
 
@@ -144,6 +145,11 @@ def _exit_grace(environ: Mapping[str, str]) -> None:
         _exit_guard.grace(dict(environ))
 
 
+def _exit_barrier_bound(environ: Mapping[str, str]) -> None:
+    # The exit barrier's own reading (auto_strategy() installs it for 2 or more workers).
+    _exit_barrier.bound(environ)
+
+
 _VARIABLE_CHECKS: tuple[tuple[str, Callable[[Mapping[str, str]], None]], ...] = (
     (_variables.STRATEGY, _strategy),
     (_variables.CLUSTER_TIMEOUT, _cluster_timeout),
@@ -151,6 +157,7 @@ _VARIABLE_CHECKS: tuple[tuple[str, Callable[[Mapping[str, str]], None]], ...] = 
     (_variables.SERVICE_TIMEOUT, _service_timeout),
     (_variables.SLURM_PORT_BASE, _slurm_port_base),
     (_variables.EXIT_GRACE, _exit_grace),
+    (_variables.EXIT_BARRIER, _exit_barrier_bound),
 )
 
 
@@ -158,8 +165,9 @@ def check_environment(environ: Mapping[str, str] | None = None) -> tuple[Environ
     """Every problem with the variables tfdp-utils reads, in the order of :data:`CHECKED`.
 
     TF_CONFIG, srun's ``SLURM_*`` variables, ``TFDP_STRATEGY``, ``TFDP_CLUSTER_TIMEOUT``,
-    ``TFDP_COLLECTIVE_TIMEOUT``, ``TFDP_SERVICE_TIMEOUT``, ``TFDP_SLURM_PORT_BASE`` and
-    ``TFDP_EXIT_GRACE`` (unless ``TFDP_EXIT_GUARD`` turns the exit guard off). Reads nothing
+    ``TFDP_COLLECTIVE_TIMEOUT``, ``TFDP_SERVICE_TIMEOUT``, ``TFDP_SLURM_PORT_BASE``,
+    ``TFDP_EXIT_GRACE`` (unless ``TFDP_EXIT_GUARD`` turns the exit guard off) and
+    ``TFDP_EXIT_BARRIER``. Reads nothing
     but ``environ``: no TensorFlow, no network.
 
     Args:
