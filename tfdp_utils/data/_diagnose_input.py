@@ -489,8 +489,12 @@ def _state_variables(model: Any) -> list[Any]:
     if callable(optimizer_variables):  # legacy optimizers: a method
         optimizer_variables = optimizer_variables()
     metric_variables = [v for metric in getattr(model, "metrics", []) for v in metric.variables]
+    # tf_keras' LossScaleOptimizer keeps its loss scale and good-step count out of its
+    # variables: the diagnosis's steps move them, and the fit after it would start elsewhere.
+    loss_scale = getattr(model.optimizer, "_loss_scale", None)
+    scale_variables = list((getattr(loss_scale, "_weights", None) or {}).values())
     seen: dict[int, Any] = {}
-    for variable in [*model.variables, *optimizer_variables, *metric_variables]:
+    for variable in [*model.variables, *optimizer_variables, *metric_variables, *scale_variables]:
         seen.setdefault(id(variable), variable)
     return list(seen.values())
 
