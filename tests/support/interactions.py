@@ -47,6 +47,24 @@ def applied(settings: Settings) -> Iterator[None]:
         keras.mixed_precision.set_global_policy("float32")
         tf_config.disable_op_determinism()
         tf.random.set_seed(None)
+        _forget_keras_seed()
+
+
+def _forget_keras_seed() -> None:
+    """Undo ``keras.utils.set_random_seed``'s Keras side: later models draw unseeded again."""
+    if IS_KERAS3:
+        from keras.src.backend.common import global_state
+        from keras.src.random import seed_generator
+        from keras.src.utils import rng_utils
+
+        global_state.set_global_attribute(rng_utils.GLOBAL_RANDOM_SEED, None)
+        generator = getattr(seed_generator, "GLOBAL_SEED_GENERATOR", None)  # Keras >= 3.11
+        if generator is not None:
+            global_state.set_global_attribute(generator, None)
+    else:
+        from tf_keras.src import backend
+
+        backend._SEED_GENERATOR.generator = None
 
 
 def strategy_for(settings: Settings) -> Any:
