@@ -52,10 +52,10 @@ if TYPE_CHECKING:
         TPUProbeError,
     )
     from tfdp_utils.schedules import WarmupSchedule
+    from tfdp_utils.strategy._backup_dir import worker_backup_dir
     from tfdp_utils.strategy._build import run_server
     from tfdp_utils.strategy._choice import StrategyChoice, auto_strategy, choose_strategy
     from tfdp_utils.strategy._detect import Environment, detect_environment
-    from tfdp_utils.strategy._faults import worker_backup_dir
     from tfdp_utils.throughput._meter import ThroughputMeter
     from tfdp_utils.training._accumulation import enable_gradient_accumulation
     from tfdp_utils.training._step import DistributedTrainStep, make_distributed_train_step
@@ -111,7 +111,7 @@ _HOMES: dict[str, str] = {
     "split_for_validation": "tfdp_utils.data._splits",
     "steps_per_epoch": "tfdp_utils.batching",
     "strategy": "tfdp_utils.strategy",
-    "worker_backup_dir": "tfdp_utils.strategy._faults",
+    "worker_backup_dir": "tfdp_utils.strategy._backup_dir",
 }
 
 __version__ = "0.1.0"

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 from support.processes import run_python
@@ -13,8 +15,23 @@ from tfdp_utils.strategy._faults import (
     COLLECTIVE_TIMEOUT_VARIABLE,
     DEFAULT_COLLECTIVE_TIMEOUT,
     CollectiveWatchdog,
+    end_grace,
     resolve_collective_timeout,
 )
+
+ENDED: list[str] = []
+
+
+def unexpected_end(message: str) -> None:
+    """The watchdog's end where a test expects none: recorded (the test process must not end)."""
+    ENDED.append(message)
+
+
+@pytest.fixture(autouse=True)
+def _no_unexpected_end() -> Iterator[None]:
+    ENDED.clear()
+    yield
+    assert ENDED == [], ENDED
 
 
 def test_default_bound_and_its_overrides():
@@ -59,6 +76,7 @@ def test_watchdog_aborts_a_thread_stuck_in_one_call_after_the_bound():
         thread_id=thread.ident,
         interval=0.1,
         abort=lambda message: aborted.append((time.monotonic(), message)),
+        end=unexpected_end,
         in_call=lambda frame: True,
     ).start()
     try:
@@ -76,6 +94,61 @@ def test_watchdog_aborts_a_thread_stuck_in_one_call_after_the_bound():
     assert "auto_strategy(collective_timeout=SECONDS)" in message
     assert "TFDP_COLLECTIVE_TIMEOUT" in message
     assert watchdog.fired == message
+
+
+def test_watchdog_ends_the_process_when_the_call_outlives_the_abort():
+    """A call the abort cannot end (here: an abort that does nothing) ends the worker
+    :func:`end_grace` seconds after the abort, with the call and the bound named."""
+    thread, release = _blocked_thread()
+    aborted: list[float] = []
+    ended: list[tuple[float, str]] = []
+    watchdog = CollectiveWatchdog(
+        1.0,
+        thread_id=thread.ident,
+        interval=0.05,
+        abort=lambda message: aborted.append(time.monotonic()),
+        in_call=lambda frame: True,
+        end=lambda message: ended.append((time.monotonic(), message)),
+    ).start()
+    try:
+        deadline = time.monotonic() + 15
+        while not ended and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        release.set()
+        watchdog.stop()
+    assert len(aborted) == 1 and len(ended) == 1
+    at, message = ended[0]
+    # This test's own clock: the grace after the abort, and soon after it.
+    assert end_grace(1.0) <= at - aborted[0] < end_grace(1.0) + 1.0
+    assert message.startswith("tfdp-utils: this worker ends with status 1: it has been ")
+    assert "inside one TensorFlow call (wait in threading.py)" in message
+    assert re.search(r"its collectives were aborted \d+ s ago \(collective_timeout=1 s\)", message)
+    assert "Restart every task" in message
+    assert watchdog.ended == message
+
+
+def test_watchdog_does_not_end_a_worker_whose_call_the_abort_ended():
+    thread, release = _blocked_thread()
+    ended: list[str] = []
+    watchdog = CollectiveWatchdog(
+        0.5,
+        thread_id=thread.ident,
+        interval=0.05,
+        abort=lambda message: release.set(),  # the call returns, as an aborted collective does
+        in_call=lambda frame: True,
+        end=ended.append,
+    ).start()
+    thread.join(10)
+    time.sleep(end_grace(0.5) + 0.5)
+    watchdog.stop()
+    assert watchdog.fired and ended == [] and watchdog.ended is None
+
+
+def test_end_grace_is_short_and_bounded():
+    assert end_grace(1.0) == 2.0
+    assert end_grace(6.0) == 3.0
+    assert end_grace(600.0) == 10.0
 
 
 def test_watchdog_leaves_a_progressing_thread_alone():
@@ -96,6 +169,7 @@ def test_watchdog_leaves_a_progressing_thread_alone():
         thread_id=thread.ident,
         interval=0.05,
         abort=aborted.append,
+        end=unexpected_end,
         in_call=lambda frame: frame.f_code.co_name == "step",
     ).start()
     time.sleep(2.0)  # four bounds' worth of many short calls
@@ -111,7 +185,7 @@ def test_watchdog_ignores_waits_outside_tensorflow_and_ends_with_its_thread():
     # The default test: the innermost frame must lie in the tensorflow package; this thread
     # waits in threading.py.
     watchdog = CollectiveWatchdog(
-        0.3, thread_id=thread.ident, interval=0.05, abort=aborted.append
+        0.3, thread_id=thread.ident, interval=0.05, abort=aborted.append, end=unexpected_end
     ).start()
     time.sleep(1.0)
     assert aborted == []

@@ -3,18 +3,22 @@
 Worker 1 stops reaching the next step (a callback that sleeps, or an input pipeline that blocks
 from step k on); worker 0's collective watchdog (``collective_timeout``) ends the step, and its
 error names worker 1 with its phase, read through TensorFlow's coordination service. Worker 1
-never ends by itself (it sleeps in Python, or waits in its own input pipeline): its log says
-the same once the others wait for it, and the test ends it. Every wait has a deadline.
+is stuck for good (it sleeps in Python, or waits in its own input pipeline): its log says the
+same once the others wait for it, and it ends by itself once worker 0 gave up on it (status 1,
+its stacks printed). Every wait has a deadline.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import time
 
 import pytest
 from support.processes import Process, free_port, start_python, tf_config
+
+from tfdp_utils.strategy._faults import end_grace
 
 pytestmark = [pytest.mark.slow, pytest.mark.keras]
 
@@ -97,36 +101,55 @@ def _start(mode: str, at: int, bound: float = BOUND, **extra: str) -> list[Proce
     return [start_python(SCRIPT, env={**env, "TF_CONFIG": tf_config(ports, i)}) for i in range(2)]
 
 
-def _run(mode: str, at: int) -> tuple[int, str, str, str, str]:
-    """Start 2 workers; wait (bounded) for worker 0 to end and worker 1 to say it is stuck.
+@dataclasses.dataclass
+class Ended:
+    """How one worker ended: status, output, and when (``time.time()``, polled every 0.2 s)."""
 
-    Returns worker 0's status, stdout and stderr, and worker 1's stdout and stderr (it is
-    killed at the end: it would wait forever).
+    status: int
+    out: str
+    err: str
+    at: float
+
+
+def _run(mode: str, at: int) -> tuple[Ended, Ended]:
+    """Start 2 workers; wait (bounded) for both to end by themselves.
+
+    Worker 1 is stuck for good (it sleeps in Python, or its input never arrives); it must end
+    on its own once worker 0 gave up on it. A worker still alive at the deadline fails the test.
     """
     processes = _start(mode, at)
+    ended: dict[int, Ended] = {}
     try:
         deadline = time.monotonic() + 150
-        ended_at = None
-        while time.monotonic() < deadline:
-            if processes[0].poll() is not None:
-                ended_at = ended_at or time.monotonic()
-                # Worker 1's own line comes from its watchdog, about when worker 0's fires.
-                if "stuck:" in processes[1].stderr() or time.monotonic() - ended_at > 15:
-                    break
+        while len(ended) < 2 and time.monotonic() < deadline:
+            for rank, process in enumerate(processes):
+                if rank not in ended and process.poll() is not None:
+                    ended[rank] = Ended(
+                        process.popen.returncode, process.stdout(), process.stderr(), time.time()
+                    )
             time.sleep(0.2)
-        else:
-            raise TimeoutError("worker 0 did not end:\n" + processes[0].tail())
-        processes[1].kill()
-        return (
-            processes[0].popen.returncode,
-            processes[0].stdout(),
-            processes[0].stderr(),
-            processes[1].stdout(),
-            processes[1].stderr(),
+        alive = [rank for rank in range(2) if rank not in ended]
+        assert not alive, "\n".join(
+            f"worker {rank} did not end by itself:\n{processes[rank].tail()}" for rank in alive
         )
+        return ended[0], ended[1]
     finally:
         for process in processes:
             process.close()
+
+
+ENDS = (
+    r"tfdp-utils: worker 1 \(this one\) ends with status 1: it has been {doing}, and {why}; it "
+    r"cannot rejoin the job, so it exits instead of holding its allocation \(every thread's "
+    r"stack follows\)\. Restart every task: with PreemptionCheckpoint or BackupAndRestore, "
+    r"training resumes\."
+)
+
+
+def _ended_line(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if "ends with status" in line]
+    assert len(lines) == 1, stderr[-4000:]
+    return lines[0]
 
 
 def _diagnosis(stderr: str) -> str:
@@ -143,11 +166,11 @@ def _named(message: str) -> str:
     return found.group(0).rstrip(".")
 
 
-def test_worker_stuck_in_a_callback_is_named_with_the_callback():
+def test_worker_stuck_in_a_callback_is_named_with_the_callback_and_ends_by_itself():
     at = 3
-    rc0, out0, err0, out1, err1 = _run("callback", at)
-    assert rc0 == 3, err0[-4000:]
-    failure = _line(out0, "FAILED")
+    w0, w1 = _run("callback", at)
+    assert w0.status == 3, w0.err[-4000:]
+    failure = _line(w0.out, "FAILED")
     assert failure["type"] == "DeadlineExceededError"
     first = _named(failure["message"])
     assert re.fullmatch(
@@ -157,27 +180,42 @@ def test_worker_stuck_in_a_callback_is_named_with_the_callback():
         first,
     ), failure["message"]
     # Within the bound: worker 0 waited from about the stall to the bound (+ sampling, reading).
-    waited = failure["time"] - float(out1.split("STALL ")[1].split()[0])
+    stalled = float(w1.out.split("STALL ")[1].split()[0])
+    waited = failure["time"] - stalled
     assert BOUND - 1.5 <= waited < BOUND + 5
     # The one line comes before the traceback, in worker 0's log.
-    assert _diagnosis(err0) == first
-    # Worker 1 (stuck in Python: no TensorFlow call to abort) says it holds the others up.
-    told = _diagnosis(err1)
+    assert _diagnosis(w0.err) == first
+    # Worker 1 (stuck in Python: no TensorFlow call to abort) says it holds the others up...
+    told = _diagnosis(w1.err)
     assert re.fullmatch(
         rf"tfdp-utils: step {at + 1} stuck: worker 1 \(this one\) is in a callback "
         rf"\(Stall\.on_train_batch_end\) after step {at} \(for \d+ s\); worker 0 waits in the "
         r"step's collective",
         told,
     ), told
+    # ...and ends by itself once worker 0 gave up (its abort mark, or the service gone with
+    # worker 0), with the stack that shows where it was stuck.
+    assert w1.status == 1, w1.err[-4000:]
+    doing = rf"in a callback \(Stall\.on_train_batch_end\) after step {at} for \d+ s"
+    why = (
+        rf"(worker 0 gave up on step {at + 1} after waiting \d+ s \(collective_timeout\)"
+        r"|the job's coordination service no longer answers \(its leader, worker 0, has ended "
+        r"or is unreachable\))"
+    )
+    assert re.fullmatch(ENDS.format(doing=doing, why=why), _ended_line(w1.err)), w1.err[-3000:]
+    stack = w1.err[w1.err.index("ends with status") :]
+    assert "on_train_batch_end" in stack and "File " in stack
+    # Within the bound and a few seconds (two reads of the marks, the process's end).
+    assert w1.at - stalled < BOUND + 10, (w1.at - stalled, w0.at - stalled)
 
 
-def test_worker_whose_input_blocks_is_named_with_input_and_the_step():
-    rc0, out0, err0, out1, err1 = _run("input", 20)
-    blocked = [int(line.split()[1]) for line in out1.splitlines() if line.startswith("BLOCKED ")]
-    assert blocked, out1[-3000:]
+def test_worker_whose_input_blocks_is_named_with_input_and_the_step_and_ends_by_itself():
+    w0, w1 = _run("input", 20)
+    blocked = [int(line.split()[1]) for line in w1.out.splitlines() if line.startswith("BLOCKED ")]
+    assert blocked, w1.out[-3000:]
     at = min(blocked) // 8 + 1  # worker 1's step k holds ids 8 (k - 1) + 1, 3, 5, 7
-    assert rc0 == 3, err0[-4000:]
-    failure = _line(out0, "FAILED")
+    assert w0.status == 3, w0.err[-4000:]
+    failure = _line(w0.out, "FAILED")
     assert failure["type"] == "DeadlineExceededError"
     first = _named(failure["message"])
     assert re.fullmatch(
@@ -185,16 +223,26 @@ def test_worker_whose_input_blocks_is_named_with_input_and_the_step():
         r"worker 0 \(this one\) waits in the step's collective",
         first,
     ), failure["message"]
-    fit_started = float(out0.split("FIT ")[1].split()[0])
+    fit_started = float(w0.out.split("FIT ")[1].split()[0])
     assert failure["time"] - fit_started < 60  # trace, 3 steps, the bound
-    assert _diagnosis(err0) == first
-    # Worker 1 waits inside its step, so its own watchdog fires with the same diagnosis.
-    told = _diagnosis(err1)
+    assert _diagnosis(w0.err) == first
+    # Worker 1 waits inside its step, so its own watchdog fires with the same diagnosis...
+    told = _diagnosis(w1.err)
     assert re.fullmatch(
         rf"tfdp-utils: step {at} stuck: worker 1 \(this one\) is reading input for step {at} "
         r"\(for \d+ s\); worker 0 waits in the step's collective",
         told,
     ), told
+    # ...but its abort cannot end a read that never returns: it ends the process after the
+    # grace, within a few seconds of worker 0's error.
+    assert w1.status == 1, w1.err[-4000:]
+    doing = rf"reading input for step {at} \([^)]*\)"
+    why = (
+        rf"its collectives were aborted \d+ s ago \(collective_timeout={BOUND:g} s\) but the "
+        r"call has not returned: it waits for something the abort cannot end"
+    )
+    assert re.fullmatch(ENDS.format(doing=doing, why=why), _ended_line(w1.err)), w1.err[-3000:]
+    assert w1.at - failure["time"] < end_grace(BOUND) + 8, (w1.at, failure["time"])
 
 
 def test_a_step_ended_by_the_collectives_own_failure_names_the_stuck_worker_too():

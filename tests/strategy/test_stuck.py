@@ -21,6 +21,8 @@ import pytest
 
 from tfdp_utils.strategy._faults import CollectiveWatchdog
 from tfdp_utils.strategy._stuck import (
+    GaveUp,
+    PeerNews,
     Phase,
     PhaseBoard,
     PhaseTracker,
@@ -32,6 +34,21 @@ from tfdp_utils.strategy._stuck import (
 )
 
 pytestmark = pytest.mark.pure
+
+
+ENDED: list[str] = []
+
+
+def unexpected_end(message: str) -> None:
+    """The watchdog's end where a test expects none: recorded (the test process must not end)."""
+    ENDED.append(message)
+
+
+@pytest.fixture(autouse=True)
+def _no_unexpected_end() -> Iterator[None]:
+    ENDED.clear()
+    yield
+    assert ENDED == [], ENDED
 
 
 def in_tf(frame: FrameType) -> bool:
@@ -393,6 +410,7 @@ def test_watchdog_message_names_the_stuck_peer(parked):
         thread_id=thread_id,
         interval=0.1,
         abort=aborted.append,
+        end=unexpected_end,
         in_call=lambda f: f.f_code.co_name in ("wait", "quick_execute"),
         phases=lambda in_call: PhaseTracker(
             board, in_call=in_call, facts=lambda frame: StepFacts(3)
@@ -431,6 +449,7 @@ def test_a_worker_stuck_outside_tensorflow_says_it_holds_the_others_up(parked, c
             thread_id=thread_id,
             interval=0.05,
             abort=aborted.append,
+            end=unexpected_end,
             in_call=in_tf,
             phases=lambda in_call: PhaseTracker(
                 board, in_call=in_call, facts=lambda frame: StepFacts(3)
@@ -450,6 +469,98 @@ def test_a_worker_stuck_outside_tensorflow_says_it_holds_the_others_up(parked, c
         r"step's collective",
         told[0],
     )
+
+
+def _stuck_in_a_callback(
+    parked: Callable[..., FrameType], store: Any, timeout: float
+) -> tuple[CollectiveWatchdog, list[tuple[float, str]], float]:
+    """Worker 1 of 2, parked in a callback after step 3, watched with bound ``timeout``."""
+    frame = parked(CallbackList().on_train_batch_end)
+    stuck_at = time.monotonic()
+    thread_id = next(i for i, f in sys._current_frames().items() if f is frame)
+    del frame
+    board = PhaseBoard(store, worker=1, num_workers=2)
+    ended: list[tuple[float, str]] = []
+    watchdog = CollectiveWatchdog(
+        timeout,
+        thread_id=thread_id,
+        interval=0.05,
+        abort=lambda message: ended.append((time.monotonic(), "ABORTED " + message)),
+        end=lambda message: ended.append((time.monotonic(), message)),
+        in_call=in_tf,
+        phases=lambda in_call: PhaseTracker(
+            board, in_call=in_call, facts=lambda frame: StepFacts(3)
+        ),
+    ).start()
+    return watchdog, ended, stuck_at
+
+
+def test_a_worker_stuck_outside_tensorflow_ends_once_a_peer_gave_up(parked, caplog):
+    """Worker 0's watchdog aborted step 4 and marked it; worker 1, stuck in a callback (no
+    TensorFlow call of its own to abort), reads the mark and ends instead of waiting forever."""
+    store = MemoryStore()
+    watchdog, ended, _ = _stuck_in_a_callback(parked, store, 0.6)
+    try:
+        time.sleep(0.2)
+        assert ended == []  # nobody gave up yet
+        PhaseBoard(store, worker=0, num_workers=2).mark_aborted(4, 0.6)
+        with caplog.at_level("ERROR", logger="tfdp_utils"):
+            _wait_for(lambda: bool(ended), timeout=10)
+    finally:
+        watchdog.stop()
+    [(_, message)] = ended
+    assert re.fullmatch(
+        r"tfdp-utils: worker 1 \(this one\) ends with status 1: it has been in a callback "
+        r"\(Script.on_train_batch_end\) after step 3 for \d+ s, and worker 0 gave up on step 4 "
+        r"after waiting 1 s \(collective_timeout\); it cannot rejoin the job, so it exits "
+        r"instead of holding its allocation \(every thread's stack follows\)\. Restart every "
+        r"task: with PreemptionCheckpoint or BackupAndRestore, training resumes\.",
+        message,
+    )
+    assert message in caplog.text  # logged before the process ends
+    assert watchdog.ended == message
+
+
+def test_a_worker_stuck_outside_tensorflow_ends_when_the_service_is_gone_after_the_bound(
+    parked,
+):
+    """The store no longer answers (the leader exited): the worker ends, but only once it has
+    been stuck for the whole bound (its peers' watchdogs have fired by then)."""
+
+    class Gone(MemoryStore):
+        def get(self, key: str, timeout_ms: int) -> str | None:
+            raise ConnectionError("coordination service unavailable")
+
+    watchdog, ended, stuck_at = _stuck_in_a_callback(parked, Gone(), 1.0)
+    try:
+        _wait_for(lambda: bool(ended), timeout=10)
+    finally:
+        watchdog.stop()
+    [(at, message)] = ended
+    assert at - stuck_at >= 1.0  # this test's own clock
+    assert "the job's coordination service no longer answers" in message
+    assert message.startswith("tfdp-utils: worker 1 (this one) ends with status 1")
+
+
+def test_board_abort_marks_are_read_back_and_a_silent_store_is_told():
+    store = MemoryStore()
+    board = PhaseBoard(store, worker=0, num_workers=3)
+    assert board.read_aborted() == PeerNews((), True)
+    PhaseBoard(store, worker=2, num_workers=3).mark_aborted(7, 31.26)
+    assert board.read_aborted() == PeerNews((GaveUp(2, 7, 31.3),), True)
+    assert GaveUp(2, 7, 31.3).describe() == "worker 2 gave up on step 7 after waiting 31 s"
+    assert GaveUp(1, None, 5).describe() == "worker 1 gave up on its step after waiting 5 s"
+
+    class Hanging(MemoryStore):
+        def get(self, key: str, timeout_ms: int) -> str | None:
+            time.sleep(30)
+            return None
+
+    start = time.monotonic()
+    assert PhaseBoard(Hanging(), worker=0, num_workers=2).read_aborted(timeout=0.3) == (
+        PeerNews((), False)
+    )
+    assert time.monotonic() - start < 2
 
 
 class TensorFlowError(Exception):
@@ -481,6 +592,7 @@ def test_a_call_that_fails_on_its_own_after_half_the_bound_is_explained(parked):
         thread_id=thread.ident,
         interval=0.05,
         abort=aborted.append,
+        end=unexpected_end,
         in_call=lambda f: f.f_code.co_name in ("wait", "quick_execute"),
         phases=lambda in_call: PhaseTracker(
             board, in_call=in_call, facts=lambda frame: StepFacts(3)

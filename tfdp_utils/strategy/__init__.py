@@ -20,6 +20,7 @@ from tfdp_utils._lazy import surface
 
 if TYPE_CHECKING:
     from tfdp_utils.errors import TPUProbeError
+    from tfdp_utils.strategy._backup_dir import worker_backup_dir
     from tfdp_utils.strategy._build import run_server
     from tfdp_utils.strategy._choice import (
         StrategyChoice,
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
         explain,
     )
     from tfdp_utils.strategy._detect import Environment, detect_environment
-    from tfdp_utils.strategy._faults import CollectiveWatchdog, worker_backup_dir
+    from tfdp_utils.strategy._faults import CollectiveWatchdog
 
 _HOMES = {
     "CollectiveWatchdog": "tfdp_utils.strategy._faults",
@@ -40,7 +41,7 @@ _HOMES = {
     "detect_environment": "tfdp_utils.strategy._detect",
     "explain": "tfdp_utils.strategy._choice",
     "run_server": "tfdp_utils.strategy._build",
-    "worker_backup_dir": "tfdp_utils.strategy._faults",
+    "worker_backup_dir": "tfdp_utils.strategy._backup_dir",
 }
 
 __all__ = [

@@ -27,11 +27,13 @@ with a diagnosis that names the workers that did not reach the step (see
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import sys
 import threading
 import time
+import traceback
 import weakref
 from collections.abc import Callable
 from types import FrameType
@@ -49,6 +51,9 @@ DEFAULT_COLLECTIVE_TIMEOUT = 600.0
 
 COLLECTIVE_TIMEOUT_VARIABLE = _variables.COLLECTIVE_TIMEOUT
 """Environment variable that replaces :data:`DEFAULT_COLLECTIVE_TIMEOUT`; ``0`` turns it off."""
+
+NEWS_EVERY = 2.0
+"""Seconds between two reads of the peers' abort marks by a worker stuck outside TensorFlow."""
 
 _RUNNING: weakref.WeakSet[CollectiveWatchdog] = weakref.WeakSet()
 
@@ -126,6 +131,48 @@ def timeout_message(timeout: float, waited: float, where: str) -> str:
     )
 
 
+STUCK_STATUS = 1
+"""The status a worker ends with when it cannot rejoin its job (the peers' uncaught error's)."""
+
+
+def end_grace(timeout: float) -> float:
+    """Seconds after its collectives were aborted that a worker still held ends its process.
+
+    A collective's abort ends the call within milliseconds; a call it cannot end (input that
+    never arrives, an op that never returns) holds the worker past this, and so does Python
+    code (a callback) once a peer gave up on it: ``min(10, max(2, timeout / 2))``.
+    """
+    return min(10.0, max(2.0, timeout / 2))
+
+
+def ended_message(worker: int | None, doing: str, why: str) -> str:
+    """The line a worker that cannot rejoin its job logs before it ends its process."""
+    who = "this worker" if worker is None else f"worker {worker} (this one)"
+    return (
+        f"tfdp-utils: {who} ends with status {STUCK_STATUS}: it has been {doing}, and {why}; "
+        "it cannot rejoin the job, so it exits instead of holding its allocation (every "
+        "thread's stack follows). Restart every task: with PreemptionCheckpoint or "
+        "BackupAndRestore, training resumes."
+    )
+
+
+def _end_process(message: str) -> None:
+    """Dump every thread's stack and end the process with :data:`STUCK_STATUS`, at once.
+
+    The training thread is stuck (in Python or in a call nothing can end), so a normal exit
+    would wait for it; ``os._exit`` ends the process without the interpreter's teardown.
+    """
+    import faulthandler
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed or broken stream: nothing more to say
+            stream.flush()
+    with contextlib.suppress(Exception):  # stderr without a file descriptor
+        faulthandler.dump_traceback(all_threads=True)
+    os._exit(STUCK_STATUS)
+
+
 def _tensorflow_dir() -> str:
     from tfdp_utils._tf import tf
 
@@ -154,6 +201,9 @@ class CollectiveWatchdog:
         phases: publishes this worker's phase and reads the others' for the diagnosis (see
             :mod:`tfdp_utils.strategy._stuck`); made with ``in_call`` as its test. Defaults to
             `None` (no phases: the message names no worker).
+        end: called with the message when this worker cannot rejoin the job (see
+            :meth:`_linger` and :meth:`_end_if_given_up`). Defaults to `None` (dump every
+            thread's stack and end the process with :data:`STUCK_STATUS`).
 
     Examples:
         >>> watchdog = CollectiveWatchdog(600.0).start()  # doctest: +SKIP
@@ -169,6 +219,7 @@ class CollectiveWatchdog:
         abort: Callable[[str], None] | None = None,
         in_call: Callable[[FrameType], bool] | None = None,
         phases: Callable[[Callable[[FrameType], bool]], PhaseTracker] | None = None,
+        end: Callable[[str], None] | None = None,
     ) -> None:
         if not timeout > 0:
             raise ValueError(f"timeout={timeout!r} must be a positive number of seconds.")
@@ -188,6 +239,10 @@ class CollectiveWatchdog:
         self.prepared: str | None = None
         """The diagnosis read when the last long call had waited half the bound, or None."""
         self._prepared_ended: float | None = None
+        self._end = end or _end_process
+        self.ended: str | None = None
+        """The message, once this worker gave up on rejoining the job; None before."""
+        self._news_at = 0.0
 
     def start(self) -> CollectiveWatchdog:
         """Start sampling in a daemon thread; returns self."""
@@ -251,11 +306,89 @@ class CollectiveWatchdog:
                     told = tracker.tell_if_holding_up(frame, lasted)
                     if told:
                         logger.warning("%s", told)
+                    self._end_if_given_up(tracker, phase.describe(), lasted)
         except Exception as error:  # never let the diagnosis stop the bound
             logger.debug("tfdp_utils: the phase of this worker is not published: %s", error)
             self._phases = None
             tracker.release()
             tracker.board.close()
+
+    def _end_if_given_up(self, tracker: PhaseTracker, doing: str, lasted: float) -> None:
+        """End this worker, stuck outside TensorFlow, once its peers cannot go on with it.
+
+        Its own watchdog never fires (no TensorFlow call to abort), so it reads the others'
+        abort marks (every :data:`NEWS_EVERY` seconds, bounded): a peer that aborted its
+        collectives has left the step this worker would join. A store that no longer answers
+        means the coordination service is gone (its leader exited); that ends it too once it
+        has been stuck for the whole bound, when every peer waiting for it has given up.
+        """
+        now = time.monotonic()
+        if self.ended is not None or now - self._news_at < NEWS_EVERY:
+            return
+        self._news_at = now
+        news = tracker.board.read_aborted()
+        if news.gave_up:
+            why = "; ".join(g.describe() for g in news.gave_up) + " (collective_timeout)"
+        elif not news.answered and lasted >= self.timeout:
+            why = (
+                "the job's coordination service no longer answers (its leader, worker 0, has "
+                "ended or is unreachable)"
+            )
+        else:
+            return
+        self._give_up(
+            ended_message(tracker.board.worker, f"{doing} for {lasted:.0f} s", why),
+        )
+
+    def _give_up(self, message: str) -> None:
+        self.ended = message
+        logger.error("%s", message)
+        frame = sys._current_frames().get(self.thread_id)
+        if frame is not None:  # the training thread's stack first: where it is stuck
+            stack = "".join(traceback.format_stack(frame))
+            del frame
+            logger.error("tfdp-utils: the training thread (most recent call last):\n%s", stack)
+        self._stop.set()  # the process ends; an injected end returns: sample no more
+        self._end(message)
+
+    def _linger(self, frame: FrameType, lasti: int, where: str) -> None:
+        """After the abort: end this worker when its training thread stays in the same call.
+
+        An aborted collective returns within milliseconds; a call still held :func:`end_grace`
+        seconds later waits for something the abort cannot end.
+        """
+        fired = time.monotonic()
+        grace = end_grace(self.timeout)
+        while not self._stop.wait(self.interval):
+            current = sys._current_frames().get(self.thread_id)
+            held = current is frame and current is not None and current.f_lasti == lasti
+            del current
+            if not held:
+                return  # the call ended: its error takes the usual way
+            if time.monotonic() - fired >= grace:
+                doing = "inside one TensorFlow call"
+                if self._phases is not None:
+                    try:
+                        doing = self._phases.current(frame).describe()
+                    except Exception as error:
+                        logger.debug("tfdp_utils: no phase for the held call: %s", error)
+                worker = None if self._phases is None else self._phases.board.worker
+                why = (
+                    f"its collectives were aborted {time.monotonic() - fired:.0f} s ago "
+                    f"(collective_timeout={self.timeout:g} s) but the call has not returned: "
+                    "it waits for something the abort cannot end"
+                )
+                self._give_up(ended_message(worker, f"{doing} ({where})", why))
+                return
+
+    def _mark_aborted(self, frame: FrameType, waited: float) -> None:
+        assert self._phases is not None
+        try:
+            step = self._phases.current(frame).step
+        except Exception as error:
+            logger.debug("tfdp_utils: no step for the abort mark: %s", error)
+            step = None
+        self._phases.board.mark_aborted(step, waited)
 
     def _diagnosis(self, frame: FrameType) -> str | None:
         if self._phases is None:
@@ -304,8 +437,11 @@ class CollectiveWatchdog:
                         message = f"{diagnosis}.\n{message}"
                     self.fired = message
                     logger.error("%s", message)
-                    held = frame = None
+                    if self._phases is not None:  # the peers stuck outside TensorFlow end
+                        self._mark_aborted(frame, waited)
                     self._abort(message)
+                    held = None
+                    self._linger(frame, held_lasti, where)
                     return
             else:
                 if held is not None and prepared:
@@ -318,54 +454,3 @@ class CollectiveWatchdog:
                     f"{COLLECTIVE_TIMEOUT_VARIABLE}",
                 )
             del frame
-
-
-def worker_backup_dir(backup_dir: str | os.PathLike[str], strategy: Any = None) -> str:
-    """The directory to hand ``keras.callbacks.BackupAndRestore`` on this worker.
-
-    tf_keras's BackupAndRestore coordinates the workers of a MultiWorkerMirroredStrategy
-    itself (the chief writes ``backup_dir``, the others scratch copies), so it gets
-    ``backup_dir`` unchanged. Keras 3's has no multi-worker support: every worker writes the
-    same files (measured here: ``FileExistsError`` from the racing ``makedirs``, and a file
-    half-written by two processes), so under Keras 3 each worker of a multi-worker job gets
-    ``backup_dir/worker_<rank>``. Workers keep their rank across a restart (TF_CONFIG index,
-    SLURM_PROCID), so each restores its own copy; the copies are equal, as synchronous
-    training keeps every worker's weights equal.
-
-    Args:
-        backup_dir: the job's backup directory (local path or ``tf.io.gfile`` URL).
-        strategy: the training strategy. Defaults to `None` (the strategy in scope).
-
-    Returns:
-        The directory for this worker.
-
-    Raises:
-        TypeError: ``backup_dir`` is not a path, or ``strategy`` is not a
-            ``tf.distribute.Strategy`` (a name such as ``"mirrored"`` is not one).
-        ValueError: ``backup_dir`` is empty.
-
-    Examples:
-        >>> backup = tdu.worker_backup_dir("gs://bucket/job1/backup", strategy)  # doctest: +SKIP
-        >>> model.fit(dist, callbacks=[keras.callbacks.BackupAndRestore(backup)])  # doctest: +SKIP
-    """
-    from tfdp_utils._tf import IS_KERAS3, tf
-    from tfdp_utils._validate import strategy as check_strategy
-    from tfdp_utils.cluster._topology import position_of
-
-    if not isinstance(backup_dir, (str, os.PathLike)):
-        raise TypeError(
-            f"backup_dir must be a directory path (str or os.PathLike), but received "
-            f"{backup_dir!r} of type {type(backup_dir).__name__}; pass e.g. '/tmp/backup'."
-        )
-    if strategy is not None:
-        check_strategy(strategy)
-    base = os.fspath(backup_dir)
-    if not base.strip():
-        raise ValueError(
-            f"backup_dir={base!r} is empty; expected the job's backup directory. Pass e.g. "
-            "'/tmp/backup' or 'gs://bucket/job1/backup'."
-        )
-    position = position_of(strategy if strategy is not None else tf.distribute.get_strategy())
-    if not IS_KERAS3 or not position.is_multi_worker:
-        return base
-    return base.rstrip("/") + f"/worker_{position.index}"

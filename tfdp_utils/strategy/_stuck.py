@@ -48,6 +48,9 @@ PhaseKind = Literal["input", "step", "callback", "saving", "python"]
 KEY_PREFIX = "tfdp/phase"
 """Coordination-service keys ``tfdp/phase/<worker>`` hold each worker's last published phase."""
 
+ABORT_PREFIX = "tfdp/aborted"
+"""Keys ``tfdp/aborted/<worker>`` mark the workers whose watchdog aborted their collectives."""
+
 READ_TIMEOUT = 2.0
 """Seconds the firing watchdog spends at most reading the other workers' phases."""
 
@@ -270,6 +273,40 @@ def _join(names: list[str]) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
+@dataclasses.dataclass(frozen=True)
+class GaveUp:
+    """A worker whose watchdog aborted its collectives: the step it waited in, and how long.
+
+    Attributes:
+        worker: its index.
+        step: the step it gave up on; None when unknown.
+        waited: seconds it had waited in that step's call.
+    """
+
+    worker: int
+    step: int | None
+    waited: float
+
+    def describe(self) -> str:
+        """``worker 0 gave up on step 12 after waiting 600 s``."""
+        step = "its step" if self.step is None else f"step {self.step}"
+        return f"worker {self.worker} gave up on {step} after waiting {self.waited:.0f} s"
+
+
+@dataclasses.dataclass(frozen=True)
+class PeerNews:
+    """What the other workers' abort marks say, read from the store.
+
+    Attributes:
+        gave_up: the workers that aborted their collectives (marks found).
+        answered: whether the store answered every read within the bound (False: the
+            coordination service is gone or does not answer, so the job is ending).
+    """
+
+    gave_up: tuple[GaveUp, ...]
+    answered: bool
+
+
 class KeyValueStore(Protocol):
     """Set, get and delete in TensorFlow's coordination service key-value store."""
 
@@ -362,6 +399,52 @@ class PhaseBoard:
         threading.Thread(target=read_all, name="tfdp-phase-reader", daemon=True).start()
         done.wait(timeout)
         return {w: result.get(w) for w in range(self.num_workers) if w != self.worker}
+
+    def mark_aborted(self, step: int | None, waited: float, *, timeout: float = 1.0) -> None:
+        """Tell the other workers that this one aborted its collectives (bounded: a store
+        that does not answer within ``timeout`` seconds cannot hold up the abort)."""
+        text = json.dumps({"step": step, "waited": round(waited, 1)})
+
+        def write() -> None:
+            try:
+                self.store.set(f"{ABORT_PREFIX}/{self.worker}", text)
+            except Exception as error:  # a second abort in this job, or the service is gone
+                logger.debug("tfdp_utils: cannot mark this worker's abort: %s", error)
+
+        writer = threading.Thread(target=write, name="tfdp-abort-mark", daemon=True)
+        writer.start()
+        writer.join(timeout)
+
+    def read_aborted(self, *, timeout: float = READ_TIMEOUT) -> PeerNews:
+        """The other workers' abort marks, within ``timeout`` seconds in all."""
+        found: list[GaveUp] = []
+        answered = threading.Event()
+
+        def read_all() -> None:
+            for worker in range(self.num_workers):
+                if worker == self.worker:
+                    continue
+                try:
+                    text = self.store.get(f"{ABORT_PREFIX}/{worker}", 50)
+                except Exception as error:
+                    logger.debug(
+                        "tfdp_utils: cannot read worker %d's abort mark: %s", worker, error
+                    )
+                    return
+                if text is None:
+                    continue
+                try:
+                    record = json.loads(text)
+                    found.append(GaveUp(worker, record.get("step"), float(record["waited"])))
+                except (ValueError, TypeError, KeyError, AttributeError) as error:
+                    logger.debug("tfdp_utils: worker %d's abort mark %r: %s", worker, text, error)
+                    found.append(GaveUp(worker, None, 0.0))
+            answered.set()
+
+        # A thread of its own: a store that does not answer cannot hold up the watchdog.
+        threading.Thread(target=read_all, name="tfdp-abort-reader", daemon=True).start()
+        ok = answered.wait(timeout)
+        return PeerNews(tuple(found), ok)
 
     def close(self) -> None:
         with self._changed:
