@@ -16,6 +16,7 @@ from tfdp_utils.strategy._faults import (
     DEFAULT_COLLECTIVE_TIMEOUT,
     CollectiveWatchdog,
     end_grace,
+    peer_gone,
     resolve_collective_timeout,
 )
 
@@ -227,3 +228,35 @@ def test_watchdog_lets_go_of_the_training_frame_before_the_interpreter_finalizes
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.splitlines() == ["script ends", "freed finalizing=False"], result.stdout
+
+
+KILLED_PEER = """Graph execution error:
+
+Detected at node sgd/CollectiveReduceV2 defined at (most recent call last):
+  File "<string>", line 48, in <module>
+
+Collective ops is aborted by: recvmsg:Connection reset by peer
+Additional GRPC error information from remote target /job:worker/replica:0/task:1 while calling \
+/tensorflow.WorkerService/RecvBuf:
+:UNKNOWN:Error received from peer  {grpc_status:14, grpc_message:"recvmsg:Connection reset by peer"}
+The error could be from a previous operation. Restart your program to reset.
+\t [[{{node sgd/CollectiveReduceV2}}]] [Op:__inference_multi_step_on_iterator_531]"""
+
+
+def test_a_killed_peer_is_named_from_tensorflows_message():
+    # The message TensorFlow 2.21 gave worker 0 when worker 1 was SIGKILLed mid-fit.
+    line = peer_gone(KILLED_PEER)
+    assert line == (
+        "tfdp-utils: the peer task /job:worker/replica:0/task:1 is gone: its connection failed "
+        "during a multi-worker call (its process ended: killed, out of memory, preempted or "
+        "crashed; its own log says which). Restart every task: with PreemptionCheckpoint or "
+        "BackupAndRestore, training resumes."
+    )
+    heartbeats = (
+        "The following tasks are unhealthy (stopped sending heartbeats):\n"
+        "/job:worker/replica:0/task:2\nThe tasks have crashed."
+    )
+    assert "/job:worker/replica:0/task:2 is gone" in (peer_gone(heartbeats) or "")
+    # Other failures are not a gone peer.
+    assert peer_gone("Graph execution error: Incompatible shapes: [8,3] vs. [8,1]") is None
+    assert peer_gone("Connection reset by peer (no task named)") is None

@@ -277,3 +277,32 @@ def test_a_step_ended_by_the_collectives_own_failure_names_the_stuck_worker_too(
         told,
     ), err0[-4000:]
     assert err0.index(told) < err0.index("Traceback (most recent call last)")
+
+
+def test_a_peer_killed_mid_step_is_named_before_the_traceback():
+    """Worker 1 is killed before worker 0 has waited long (no diagnosis prepared): TensorFlow
+    fails worker 0's collective with a long UnavailableError; the line naming the gone peer
+    is printed before the traceback of the uncaught error."""
+    processes = _start("callback", 3, 60.0, UNCAUGHT="1")
+    try:
+        deadline = time.monotonic() + 150
+        while "STALL " not in processes[1].stdout():
+            assert time.monotonic() < deadline, processes[1].tail()
+            time.sleep(0.2)
+        processes[1].kill()
+        while processes[0].poll() is None:
+            assert time.monotonic() < deadline, processes[0].tail()
+            time.sleep(0.2)
+        rc0, err0 = processes[0].popen.returncode, processes[0].stderr()
+    finally:
+        for process in processes:
+            process.close()
+    assert rc0 == 1, err0[-4000:]
+    lines = [line for line in err0.splitlines() if "is gone: its connection failed" in line]
+    assert lines == [
+        "tfdp-utils: the peer task /job:worker/replica:0/task:1 is gone: its connection failed "
+        "during a multi-worker call (its process ended: killed, out of memory, preempted or "
+        "crashed; its own log says which). Restart every task: with PreemptionCheckpoint or "
+        "BackupAndRestore, training resumes."
+    ], err0[-4000:]
+    assert err0.index(lines[0]) < err0.index("Traceback (most recent call last)")

@@ -30,6 +30,7 @@ import atexit
 import contextlib
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -173,6 +174,44 @@ def _end_process(message: str) -> None:
     os._exit(STUCK_STATUS)
 
 
+_REMOTE_TASK = re.compile(r"remote target (/job:[\w-]+/replica:\d+/task:\d+)")
+_UNHEALTHY_TASK = re.compile(
+    r"(?:unhealthy|stopped sending heartbeats|heartbeat)[^/]*(/job:[\w-]+/replica:\d+/task:\d+)",
+    re.IGNORECASE,
+)
+_GONE_WORDS = (
+    "connection reset by peer",
+    "socket closed",
+    "connection refused",
+    "failed to connect",
+    "broken pipe",
+    "heartbeat",
+    "unhealthy",
+)
+
+
+def peer_gone(message: str) -> str | None:
+    """The line naming the peer task whose connection failed, from a TensorFlow error. Pure.
+
+    TensorFlow reports a peer that died mid-step (SIGKILL, out of memory, a crash, a lost
+    host) inside a long ``UnavailableError`` message (``Collective ops is aborted by:
+    recvmsg:Connection reset by peer ... from remote target /job:worker/replica:0/task:1``);
+    this says it in one line before the traceback. None when the message names no such peer.
+    """
+    lowered = message.lower()
+    if not any(word in lowered for word in _GONE_WORDS):
+        return None
+    found = _REMOTE_TASK.search(message) or _UNHEALTHY_TASK.search(message)
+    if found is None:
+        return None
+    return (
+        f"tfdp-utils: the peer task {found.group(1)} is gone: its connection failed during a "
+        "multi-worker call (its process ended: killed, out of memory, preempted or crashed; "
+        "its own log says which). Restart every task: with PreemptionCheckpoint or "
+        "BackupAndRestore, training resumes."
+    )
+
+
 def _tensorflow_dir() -> str:
     from tfdp_utils._tf import tf
 
@@ -274,16 +313,15 @@ class CollectiveWatchdog:
 
         A TensorFlow error within a minute of a call that waited half the bound (or during
         it): the collective failed on its own (a peer aborted, exited or was killed) while
-        this worker waited.
+        this worker waited. Otherwise, an error whose message says a peer's connection failed
+        (a worker killed or crashed mid-step): that peer named (:func:`peer_gone`).
         """
-        if self.fired or not self.prepared:
-            return None
-        if not type(error).__module__.startswith("tensorflow"):
+        if self.fired or not type(error).__module__.startswith("tensorflow"):
             return None
         ended = self._prepared_ended
-        if ended is not None and time.monotonic() - ended > 60:
-            return None
-        return self.prepared
+        if self.prepared and (ended is None or time.monotonic() - ended <= 60):
+            return self.prepared
+        return peer_gone(str(error))
 
     def _run(self) -> None:
         try:
