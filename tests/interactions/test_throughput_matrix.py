@@ -4,10 +4,18 @@ Each cell fits the job of :mod:`support.interactions` with a ThroughputLogger an
 examples it reports — the last point of the global series in the event file, read back, and
 ``summary()["examples"]`` — with the examples the model trained on, counted by a layer inside
 the model (independently of the logger). The rows cover every pair of the settings' levels.
+
+A second set of cells stops the job with a notice (``PreemptionCheckpoint``) and runs it again
+into the same log directory: the resumed run's series must go on from where the stopped one
+ended (no point behind it), at the logger's cadence through the epoch boundaries (no window
+longer than one log interval), with the examples the job's layout puts at each step.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -69,3 +77,79 @@ def test_the_logged_examples_are_the_examples_trained(
         return
     assert summary["examples"] == trained, summary
     assert _last_count(tmp_path) == trained
+
+
+RESUME_ROWS = [
+    (job.Settings(replicas=1), 9),
+    (job.Settings(spe=3, seed=0), 9),
+    (job.Settings(validation=True, seed=None), 4),
+    (job.Settings(accumulation=2, mixed=True, replicas=1), 8),
+    (job.Settings(backup=True, determinism=True), 10),
+]
+EVERY = 2  # log_every_n_steps
+
+
+def _points(log_dir: Path, tag: str) -> list[tuple[int, float]]:
+    events = EventAccumulator(str(log_dir / tags.GLOBAL_RUN), size_guidance={"tensors": 0})
+    events.Reload()
+    if tag not in events.Tags()["tensors"]:
+        return []
+    return [(p.step, float(tf.make_ndarray(p.tensor_proto))) for p in events.Tensors(tag)]
+
+
+def _examples_at(step: int) -> float:
+    """The job's layout: epochs of 6 steps, 5 of 8 examples and one of 4."""
+    epochs, steps = divmod(step, job.STEPS_PER_EPOCH)
+    return float(epochs * job.N + steps * job.GLOBAL_BATCH)
+
+
+def _fit_logged(settings: job.Settings, root: Path, extra: list[Any]) -> Any:
+    """Fit with a ThroughputLogger and a PreemptionCheckpoint; returns the checkpoint."""
+    from tfdp_utils._tf import keras
+
+    with job.applied(settings):
+        strategy = job.strategy_for(settings)
+        cell = job.Job(settings, strategy)
+        callbacks: list[Any] = []
+        if settings.backup:
+            callbacks.append(keras.callbacks.BackupAndRestore(str(root / "backup")))
+        checkpoint = tdu.callbacks.PreemptionCheckpoint(root / "job", exit=False)
+        callbacks += [
+            tdu.callbacks.ThroughputLogger(str(root / "logs"), log_every_n_steps=EVERY),
+            *extra,
+            checkpoint,
+        ]
+        validation = job.validation_data(strategy) if settings.validation else None
+        job.fit(cell, job.dataset(settings, strategy), callbacks, validation=validation)
+        return checkpoint
+
+
+@pytest.mark.parametrize(
+    ("settings", "stop"), RESUME_ROWS, ids=[f"{s.label()}-stop{k}" for s, k in RESUME_ROWS]
+)
+def test_a_resumed_job_goes_on_with_its_series(
+    tmp_path: Path, settings: job.Settings, stop: int
+) -> None:
+    checkpoint = _fit_logged(settings, tmp_path, [job.SignalAfter(stop, signal.SIGTERM)])
+    first = _points(tmp_path / "logs", tags.EXAMPLES)
+    first_rates = len(_points(tmp_path / "logs", tags.STEPS_PER_SEC))
+    # The stopped run's last point is where its checkpoint is (ckpt-<step>).
+    stopped_at = int(Path(checkpoint.saved_path).name.rsplit("-", 1)[1])
+    assert first[-1] == (stopped_at, _examples_at(stopped_at)), (first[-3:], stopped_at)
+    _fit_logged(settings, tmp_path, [])
+    examples = _points(tmp_path / "logs", tags.EXAMPLES)[len(first) :]
+    rates = _points(tmp_path / "logs", tags.STEPS_PER_SEC)[first_rates:]
+    # Nothing behind the stopped run's last point: the series goes on from there.
+    steps = [step for step, _ in examples]
+    assert steps[0] >= stopped_at and steps == sorted(steps), (stopped_at, steps)
+    # Each point holds the examples of the steps before it, over both runs.
+    assert [value for _, value in examples] == [_examples_at(step) for step in steps]
+    assert steps[-1] == job.EPOCHS * job.STEPS_PER_EPOCH
+    # The cadence through the epoch boundaries: windows of one log interval (rounded up to a
+    # whole execution); the fit's first execution (warm-up) and each epoch's first (its
+    # boundary) are left out of the rates, so a window next to one may end one execution later.
+    spe = settings.spe
+    gap = math.ceil(EVERY / spe) * spe
+    rate_steps = [step for step, _ in rates]
+    assert rate_steps and rate_steps[0] <= stopped_at + 2 * spe + gap, rate_steps
+    assert all(b - a <= gap + spe for a, b in itertools.pairwise(rate_steps)), rate_steps

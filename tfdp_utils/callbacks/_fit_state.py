@@ -137,6 +137,9 @@ class FitState:
     next_log: int = UNBOUNDED  # the next log point
     epoch_last: int = UNBOUNDED  # the step that ends this epoch, when fit knows its length
     steps_in_epoch: int = UNBOUNDED
+    # The step before Keras' batch 0 of this epoch: the epoch's start, and for a resumed
+    # epoch (numbered from its position by PreemptionCheckpoint) the start of the whole epoch.
+    batch_zero: int = 0
     written_step: int = -1  # the step of the last counts written
     last_window: ThroughputWindow | None = None
     last_spread: tuple[float, float, float] | None = None

@@ -271,7 +271,14 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         counting = self._count_source(placement)
         exact, derived_reason = self._exactness(counting[0], counting[1])
         self._writers.open(self._run_names(placement.position))
+        position = None if self._fit_data is None else self._fit_data.position
+        steps_from_host = _tf.IS_KERAS3 and mixed_precision.is_loss_scale_optimizer(model.optimizer)
         origin = self._read_step()
+        steps = (getattr(self, "params", None) or {}).get("steps")
+        if steps_from_host and position is not None and steps:
+            # The optimizer's count leaves out the steps the loss scale skipped; the step
+            # axis is Keras' batch positions, which the resumed stream's position gives.
+            origin = position.epoch * int(steps) + position.step
         counter = ExampleCounter(
             num_replicas=placement.num_replicas,
             step=origin,
@@ -279,7 +286,6 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
             global_batch_size=self.global_batch_size,
         )
         counter.info, counter.source = counting
-        position = None if self._fit_data is None else self._fit_data.position
         if position is not None:
             counter.continue_job()  # a resumed job: its counts go on from the runs before
         every, warmup = window_plan(
@@ -304,10 +310,9 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
             exact=exact,
             derived_reason=derived_reason,
         )
-        fit.steps_from_host = _tf.IS_KERAS3 and mixed_precision.is_loss_scale_optimizer(
-            model.optimizer
-        )
+        fit.steps_from_host = steps_from_host
         fit.host_step = origin
+        fit.batch_zero = origin - (position.step if position is not None else 0)
         self._start_input_wait(fit)
         meter.update(step=origin, time=fit.clock.now(), replica_examples=counter.counts)
         fit.next_log = fit.next_check = origin + (warmup or every)
@@ -411,8 +416,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
             return
         with self._lock:
             fit.steps_in_epoch = int(steps) if steps else UNBOUNDED
-            start = fit.counter.epoch_start
-            fit.epoch_last = start + fit.steps_in_epoch if steps else UNBOUNDED
+            fit.epoch_last = fit.batch_zero + fit.steps_in_epoch if steps else UNBOUNDED
             self._schedule(fit)
 
     @staticmethod
@@ -472,7 +476,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         fit = self._fit
         if fit is None:
             return
-        estimate = fit.counter.epoch_start + min(batch + 1, fit.steps_in_epoch)
+        estimate = fit.batch_zero + min(batch + 1, fit.steps_in_epoch)
         fit.host_step = estimate
         if estimate < fit.next_check:
             return
@@ -505,6 +509,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
                 logs.update(self._epoch_figures(fit, step))
             fit.epoch_mark = None
             fit.counter.end_epoch(step)
+            fit.batch_zero = step
             fit.epoch_last = UNBOUNDED
             self._schedule(fit)
             self._writers.flush()
@@ -541,12 +546,17 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
             self._summary = self._build_summary(fit, final)
             self._writers.close()
 
-    def on_fit_stopped(self) -> None:
+    def on_fit_stopped(self, batches: int | None = None) -> None:
         """A callback ended ``fit`` early (a preemption): write the last point, as at its end.
 
         Every worker of a job stops after the same step, so the last point's collective
-        matches.
+        matches. ``batches`` is the job's batch position at the stop: the step axis when it
+        follows Keras' batch indices (this logger's hook for the last batch may not have run
+        when the stopping callback ran before it).
         """
+        fit = self._fit
+        if fit is not None and fit.steps_from_host and batches is not None:
+            fit.host_step = max(fit.host_step, batches)
         self.on_train_end()
 
     # ------------------------------------------------------------------ measuring

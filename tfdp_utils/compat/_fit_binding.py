@@ -68,9 +68,14 @@ class StopFit(BaseException):
     ``History``.
     """
 
-    def __init__(self, message: str, *, exit_status: int | None) -> None:
+    def __init__(
+        self, message: str, *, exit_status: int | None, batches: int | None = None
+    ) -> None:
         super().__init__(message)
         self.exit_status = exit_status
+        self.batches = batches
+        """The job's batches trained when the stop came (Keras' batch positions from its first
+        step), for loggers whose own batch hook for the last batch did not run; or None."""
 
 
 @runtime_checkable
@@ -257,18 +262,19 @@ def _wrap(method: str, original: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def _finish_loggers(callbacks: Any) -> None:
+def _finish_loggers(callbacks: Any, batches: int | None = None) -> None:
     """Let the call's loggers write what they hold before a stopped ``fit`` ends.
 
     ``on_train_end`` is not called (it means "training finished": Keras' BackupAndRestore
-    deletes its backup there); a callback with ``on_fit_stopped()`` (ThroughputLogger: its
-    last point) gets that, and Keras' TensorBoard callback has its writers closed, which
+    deletes its backup there); a callback with ``on_fit_stopped(batches)`` (ThroughputLogger:
+    its last point) gets that, with the batches trained when the stop came (see
+    :attr:`StopFit.batches`), and Keras' TensorBoard callback has its writers closed, which
     flushes them.
     """
     for callback in _callback_list(callbacks):
         stopped = getattr(callback, "on_fit_stopped", None)
         if callable(stopped):
-            stopped()
+            stopped(batches=batches)
         elif type(callback).__name__ == "TensorBoard":
             close = getattr(callback, "_close_writers", None)
             if callable(close):
@@ -277,7 +283,7 @@ def _finish_loggers(callbacks: Any) -> None:
 
 def _stopped(model: Any, stop: StopFit, callbacks: Any) -> Any:
     """End a ``fit`` a callback stopped: exit the process, or return the ``History``."""
-    _finish_loggers(callbacks)
+    _finish_loggers(callbacks, stop.batches)
     end_stopped(stop)
     return getattr(model, "history", None)
 

@@ -48,15 +48,17 @@ def backups_in(callbacks: Any) -> list[Any]:
     return [c for c in items if isinstance(c, keras.callbacks.BackupAndRestore)]
 
 
-def after_backups(callbacks: Sequence[Any], callback: Any) -> list[Any]:
-    """``callbacks`` with ``callback`` moved after the last ``BackupAndRestore`` (its
-    ``on_train_begin`` then runs after theirs, so the state it restores is the one kept)."""
+def with_restorer(callbacks: Sequence[Any], restorer: Any) -> list[Any]:
+    """``callbacks`` with ``restorer`` inserted after the last ``BackupAndRestore``, or first.
+
+    ``on_train_begin`` is where these restore: the restorer's after the backups', so the
+    state it follows is the one kept (see the module docstring), and before every other
+    callback's, so that each of those starts from the resumed state (a ThroughputLogger's
+    step axis and counts). The other hooks keep the order the user gave.
+    """
     items = list(callbacks)
     backups = [i for i, c in enumerate(items) if isinstance(c, keras.callbacks.BackupAndRestore)]
-    if not backups or callback not in items or items.index(callback) > backups[-1]:
-        return items
-    items.remove(callback)
-    items.insert(backups[-1], callback)  # the last backup moved one place up
+    items.insert(backups[-1] + 1 if backups else 0, restorer)
     return items
 
 

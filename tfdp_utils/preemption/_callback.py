@@ -142,11 +142,12 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
         callbacks = arguments.get("callbacks")
         beside = backups.backups_in(callbacks)
         if isinstance(callbacks, (list, tuple)):
-            # Our on_train_begin after BackupAndRestore's: the state followed is restored last.
+            # The restore after BackupAndRestore's (the state followed is restored last) and
+            # before every other callback's on_train_begin (each starts from the resumed state).
             # A stop after a notice ends the epoch's loop first, before any other callback's
             # epoch-end or validation hooks (they would act on a cut epoch: BackupAndRestore
             # would save it as complete, a learning-rate callback step on it).
-            ordered = backups.after_backups(callbacks, self) if beside else list(callbacks)
+            ordered = backups.with_restorer(callbacks, _RestoreFirst(self))
             arguments["callbacks"] = [_StopFirst(self), *ordered]
         run, dataset = self._position(
             arguments.get("x"), arguments.get("initial_epoch", 0), beside=beside
@@ -343,6 +344,8 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
 
     def on_train_begin(self, logs: Mapping[str, Any] | None = None) -> None:
         run = self._run
+        if run is not None and run.training:
+            return  # restored already, by this fit's _RestoreFirst
         if run is None:
             off = " (TFDP_NO_KERAS_PATCHES=1 keeps it off)" if not fit_binding.installed() else ""
             raise RuntimeError(
@@ -383,6 +386,10 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
     def on_epoch_begin(self, epoch: int, logs: Mapping[str, Any] | None = None) -> None:
         run = self._run
         if run is not None:
+            if run.begun is None and run.channel is None and self.notice.received:
+                # A notice during the other callbacks' on_train_begin (after the restore):
+                # nothing trained in this fit yet, nothing to save.
+                self._stop(run, save=False)
             run.begun = None
             if epoch != run.epoch:
                 run.epoch, run.done = epoch, 0
@@ -568,7 +575,21 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
         raise fit_binding.StopFit(
             "stopped by a preemption notice",
             exit_status=signals_.PREEMPTED_EXIT_STATUS if self.exit else None,
+            batches=run.global_step,
         )
+
+
+class _RestoreFirst(_Callback):  # type: ignore[misc]
+    """Before the other callbacks' ``on_train_begin`` (after BackupAndRestore's): the
+    checkpoint is read back there, so that every other callback starts from the resumed state."""
+
+    def __init__(self, owner: PreemptionCheckpoint) -> None:
+        super().__init__()
+        self._supports_tf_logs = True
+        self._owner = owner
+
+    def on_train_begin(self, logs: Mapping[str, Any] | None = None) -> None:
+        self._owner.on_train_begin(logs)
 
 
 class _StopFirst(_Callback):  # type: ignore[misc]
