@@ -101,10 +101,27 @@ def test_an_error_in_fit_ends_the_process_with_status_1(tmp_path) -> None:
     assert "NO CRASH" not in done.stdout
 
 
+STILL_ALIVE = 20.0
+"""Seconds a crashed process without the guard must outlive its traceback: twice the 10 s
+bound within which every guarded crash ends (scripts/crash_repeat.py)."""
+
+
 def test_without_the_guard_the_same_crash_never_ends(tmp_path) -> None:
     # The reproduction: the process printed its traceback and stays alive until killed.
-    with pytest.raises(subprocess.TimeoutExpired):
-        run_python(JOB, env={"TFDP_EXIT_GUARD": "0"}, timeout=60, args=("error", str(tmp_path)))
+    process = start_python(JOB, env={"TFDP_EXIT_GUARD": "0"}, args=("error", str(tmp_path)))
+    try:
+        deadline = time.monotonic() + 120
+        while "boom at call 3" not in process.stderr():
+            assert process.popen.poll() is None, process.tail()
+            assert time.monotonic() < deadline, process.tail()
+            time.sleep(0.2)
+        with pytest.raises(subprocess.TimeoutExpired):
+            process.popen.wait(timeout=STILL_ALIVE)
+    finally:
+        if process.popen.poll() is None:
+            process.popen.kill()
+            process.popen.wait()
+        process.close()
 
 
 def test_ctrl_c_in_fit_ends_the_process_by_sigint(tmp_path) -> None:
