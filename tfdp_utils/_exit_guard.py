@@ -23,7 +23,8 @@ train step:
   ends, another ``atexit`` handler that hangs): armed when the uncaught error is reported,
   :func:`faulthandler.dump_traceback_later` with ``exit=True``, a C thread that needs no GIL,
   prints every thread's stack and ends the process with status 1 when it is still alive
-  :data:`DEFAULT_GRACE` seconds later (``TFDP_EXIT_GRACE`` changes it, ``0`` turns it off);
+  :data:`DEFAULT_GRACE` seconds later (``TFDP_EXIT_GRACE`` changes it, ``0`` or ``off`` turns
+  it off);
 * a ``sys.excepthook`` wrapper, chained to the hook it replaces, that only records the status
   (1 for an exception, 130 for KeyboardInterrupt);
 * a ``sys.unraisablehook`` wrapper: Ctrl-C that lands while Python runs a finalizer (a
@@ -67,6 +68,10 @@ from tfdp_utils._validate import env_seconds, is_off_word
 DEFAULT_GRACE = 8.0
 """Seconds a process may take to exit after its uncaught error is reported (the backstop)."""
 
+MAX_GRACE = 1e9
+"""The longest ``TFDP_EXIT_GRACE`` taken: ``faulthandler.dump_traceback_later`` raises
+OverflowError past about 9.2e9 s (its timer counts nanoseconds in 64 bits)."""
+
 ExceptHook = Callable[[type[BaseException], BaseException, TracebackType | None], Any]
 
 _lock = threading.Lock()
@@ -83,22 +88,34 @@ def wanted(environ: dict[str, str] | None = None) -> bool:
 
 
 def grace(environ: dict[str, str] | None = None) -> float | None:
-    """The backstop's seconds: ``TFDP_EXIT_GRACE`` or :data:`DEFAULT_GRACE`; None when off.
+    """The backstop's seconds: ``TFDP_EXIT_GRACE`` or :data:`DEFAULT_GRACE`; None when off
+    (``0``, or an off word: ``off``, ``no``, ``false``, ``none``).
 
     Raises:
-        ValueError: a value that is not a number of seconds, or a negative one.
+        ValueError: a value that is not a number of seconds, a negative one, or one above
+            :data:`MAX_GRACE`.
     """
     source = os.environ if environ is None else environ
-    text = source.get(_variables.EXIT_GRACE, "").strip()
+    name = _variables.EXIT_GRACE
+    text = source.get(name, "").strip()
     if not text:
         return DEFAULT_GRACE
-    seconds = env_seconds(_variables.EXIT_GRACE, text, example=DEFAULT_GRACE)
+    if is_off_word(text):  # as for TFDP_EXIT_BARRIER and TFDP_COLLECTIVE_TIMEOUT
+        return None
+    seconds = env_seconds(name, text, example=DEFAULT_GRACE)
     # faulthandler refuses a timeout that is not finite, when the backstop is armed.
     if not math.isfinite(seconds) or seconds < 0:
         raise ValueError(
-            f"{_variables.EXIT_GRACE} must be a number of seconds >= 0, but received "
-            f"{_variables.EXIT_GRACE}={text!r}. Set it to e.g. {DEFAULT_GRACE:g}, or 0 to turn "
-            "the backstop off."
+            f"{name} must be a number of seconds >= 0, but received {name}={text!r}. Set it "
+            f"to e.g. {DEFAULT_GRACE:g}, or 0 to turn the backstop off."
+        )
+    # ... and one it cannot wait for (OverflowError past ~9.2e9 s), which would surface only
+    # when the backstop is armed: in the excepthook of a crashed job, or at a preemption's exit.
+    if seconds > MAX_GRACE:
+        raise ValueError(
+            f"{name} must be at most {MAX_GRACE:g} seconds (the longest wait the backstop's "
+            f"timer takes here), but received {name}={text!r}. Set it to e.g. "
+            f"{DEFAULT_GRACE:g}, or 0 to turn the backstop off."
         )
     return seconds or None
 

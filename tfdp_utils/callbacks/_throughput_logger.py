@@ -288,11 +288,20 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         counter.info, counter.source = counting
         if position is not None:
             counter.continue_job()  # a resumed job: its counts go on from the runs before
+        planned = self._planned_steps()
         every, warmup = window_plan(
-            self._planned_steps(),
-            log_every_n_steps=self.log_every_n_steps,
-            warmup_steps=self.warmup_steps,
+            planned, log_every_n_steps=self.log_every_n_steps, warmup_steps=self.warmup_steps
         )
+        if planned is not None and self.warmup_steps is not None and self.warmup_steps >= planned:
+            logger.warning(
+                "tfdp_utils: ThroughputLogger(warmup_steps=%d) leaves out all %d steps of this "
+                "fit, so it measures no window: examples/s stays empty (the example counts are "
+                "still logged). Pass a warmup_steps below %d, or leave it out (a tenth of the "
+                "fit is left out).",
+                self.warmup_steps,
+                planned,
+                planned,
+            )
         meter = ThroughputMeter(
             num_replicas=placement.num_replicas,
             warmup_steps=warmup,

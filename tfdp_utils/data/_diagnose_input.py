@@ -216,21 +216,93 @@ def _shape_text(shape: Any) -> str:
     return str(tuple(tf.TensorShape(shape).as_list()))
 
 
+_RAISED = re.compile(r"^(?:\w+Error|\(\d+\) [A-Z_]+):\s+")
+"""The head of a line that holds an error's own words: ``ValueError: ...`` in a trace that
+tf_keras puts in its message ("in user code: ..."), ``(0) UNIMPLEMENTED: ...`` in TensorFlow's."""
+
+
 def _what_failed(error: BaseException) -> str:
-    """The line of ``error``'s message that says what did not fit (no colour codes)."""
+    """The line of ``error``'s message that says what did not fit (no colour codes): one that
+    says "incompatible", else the innermost error raised in a trace, else TensorFlow's first
+    root error, else the first line."""
     text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     named = [line for line in lines if "incompatible" in line.lower()]
-    return (named or lines or [type(error).__name__])[0]
+    raised = [line for line in lines if re.match(r"\w+Error:\s", line)]
+    roots = [line for line in lines if re.match(r"\(\d+\) [A-Z_]+:\s", line)]
+    line = (named or raised[-1:] or roots or lines or [type(error).__name__])[0]
+    return _RAISED.sub("", line).rstrip(".")
+
+
+def _input_dtypes(model: Any) -> list[Any] | None:
+    """The dtypes the model's inputs declare, or None when it declares none."""
+    try:
+        inputs = list(model.inputs or [])
+        return [tf.as_dtype(tensor.dtype) for tensor in inputs] or None
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
+def _loss_name(loss: Any) -> str:
+    if isinstance(loss, str):
+        return repr(loss)
+    return str(getattr(loss, "name", None) or getattr(loss, "__name__", type(loss).__name__))
+
+
+def _strings_error(
+    expected: list[tuple[int | None, ...]] | None,
+    dtypes: list[Any],
+    element_spec: Any,
+    error: BaseException,
+) -> ValueError:
+    shapes: list[Any] = list(expected) if expected is not None else [None] * len(dtypes)
+    takes = " and ".join(
+        f"dtype {dtype.name}" + ("" if shape is None else f" and shape {_shape_text(shape)}")
+        for dtype, shape in zip(dtypes, shapes, strict=False)
+    )
+    return ValueError(
+        f"dataset's elements do not fit the model: the dataset gives {element_spec}, whose x "
+        f"holds strings, but the model takes x of {takes}; its train step failed on the first "
+        f"batch with {type(error).__name__}: {_what_failed(error)}. Turn the strings into "
+        "numbers before the model: in the pipeline (dataset.map with a "
+        "keras.layers.StringLookup or TextVectorization adapted to the data), or in the model "
+        "(keras.Input(dtype='string') followed by such a layer)."
+    )
+
+
+def _no_targets_error(loss: Any, element_spec: Any, error: BaseException) -> ValueError:
+    return ValueError(
+        f"dataset's elements do not fit the model: the dataset gives {element_spec}, x alone "
+        f"without targets, but the model was compiled with loss={_loss_name(loss)}, which "
+        f"compares targets y with its output; its train step failed on the first batch with "
+        f"{type(error).__name__}: {_what_failed(error)}. Make the dataset give (x, y) pairs, "
+        "e.g. tf.data.Dataset.from_tensor_slices((x, y)).batch(64), or compile without loss= "
+        "for a model that adds its own (add_loss)."
+    )
 
 
 def _misfit_error(
-    expected: list[tuple[int | None, ...]] | None, element_spec: Any, error: BaseException
+    expected: list[tuple[int | None, ...]] | None,
+    element_spec: Any,
+    error: BaseException,
+    *,
+    dtypes: list[Any] | None = None,
+    loss: Any = None,
 ) -> ValueError | None:
     """A clear error when ``error`` (from the model's first call on a batch) says the dataset's
-    elements do not fit the model, whose inputs declared the shapes ``expected``; None when it
-    says something else (re-raised as it is)."""
+    elements do not fit the model, whose inputs declared the shapes ``expected`` and the
+    ``dtypes`` and which was compiled with ``loss``; None when it says something else
+    (re-raised as it is)."""
     x_specs = _x_specs(element_spec)
+    if (
+        dtypes is not None
+        and len(dtypes) == len(x_specs)
+        and any(
+            getattr(spec, "dtype", None) == tf.string and dtype != tf.string
+            for dtype, spec in zip(dtypes, x_specs, strict=True)
+        )
+    ):
+        return _strings_error(expected, dtypes, element_spec, error)
     x_misfits = (
         expected is not None
         and len(expected) == len(x_specs)
@@ -240,7 +312,9 @@ def _misfit_error(
         )
     )
     if not x_misfits and "incompatible" not in str(error).lower():
-        return None
+        if loss is None or (isinstance(element_spec, tuple) and len(element_spec) >= 2):
+            return None
+        return _no_targets_error(loss, element_spec, error)  # x alone, for a compiled loss
     if expected is None:
         takes = "the model declares no input shape (it has no keras.Input)"
     else:
@@ -776,10 +850,12 @@ def _fitting(model: Any, element_spec: Any) -> Iterator[None]:
     """Turn an error that says the elements do not fit the model into a clear ValueError (the
     original chained); other errors pass as they are."""
     expected = _input_shapes(model)  # before the call: tf_keras relaxes a Sequential's inputs
+    dtypes = _input_dtypes(model)
     try:
         yield
-    except (ValueError, tf.errors.InvalidArgumentError) as exc:
-        error = _misfit_error(expected, element_spec, exc)
+    except (ValueError, tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as exc:
+        loss = getattr(model, "loss", None)
+        error = _misfit_error(expected, element_spec, exc, dtypes=dtypes, loss=loss)
         if error is None:
             raise
         raise error from exc

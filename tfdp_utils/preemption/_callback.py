@@ -21,6 +21,7 @@ import contextlib
 import itertools
 import logging
 import math
+import numbers
 import os
 import random
 import threading
@@ -86,7 +87,10 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
             ``grace_seconds`` not a number, ``exit`` not a bool, ``signals`` not names or
             numbers.
         ValueError: a signal that cannot be caught or is unknown, ``every_steps`` or ``keep``
-            below 1, ``grace_seconds`` not a positive finite number.
+            below 1, ``grace_seconds`` not a positive finite number, a ``directory`` with
+            whitespace around it. When ``fit`` starts: a second PreemptionCheckpoint in the
+            same call, an ``initial_epoch`` below 0, a ``steps_per_epoch`` other than the
+            dataset's epoch.
     """
 
     EXIT_STATUS = signals_.PREEMPTED_EXIT_STATUS
@@ -104,12 +108,21 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
     ) -> None:
         super().__init__()
         self._supports_tf_logs = True  # it reads no logs: tf_keras need not convert them
-        if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
+        if not isinstance(directory, (str, os.PathLike)) or not str(os.fspath(directory)).strip():
             raise TypeError(
                 f"directory must be a folder path, but received {directory!r}. Pass a folder "
                 "on a volume that outlives the job's processes."
             )
-        self.directory = os.fspath(directory)  # checked and made absolute when fit starts
+        text = os.fspath(directory)
+        if isinstance(text, str) and text != text.strip():
+            # " /mnt/ckpt" is a folder under the working directory, which a restarted
+            # container does not keep: the job would never resume.
+            raise ValueError(
+                f"directory={text!r} begins or ends with whitespace, so it names another "
+                f"folder than {text.strip()!r} (a leading space makes it relative to the "
+                f"working directory). Pass directory={text.strip()!r}."
+            )
+        self.directory = text  # checked and made absolute when fit starts
         self.signals = signals_.signal_numbers(signals)
         self.every_steps = _positive_int_or_none(
             every_steps, "every_steps", "Pass e.g. every_steps=500, or None for no periodic save."
@@ -140,6 +153,7 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
         """Position ``fit``'s data and counters at the latest checkpoint (or the start)."""
         given = arguments.get("steps_per_epoch")
         callbacks = arguments.get("callbacks")
+        _check_one_checkpoint(callbacks)
         beside = backups.backups_in(callbacks)
         if isinstance(callbacks, (list, tuple)):
             # The restore after BackupAndRestore's (the state followed is restored last) and
@@ -153,6 +167,12 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
             arguments.get("x"), arguments.get("initial_epoch", 0), beside=beside
         )
         _say_if_finished(run, arguments.get("epochs", 1), self.resumed_from)
+        if given is not None and (isinstance(given, bool) or not isinstance(given, numbers.Real)):
+            raise TypeError(
+                f"steps_per_epoch must be a number of steps, but received {given!r} of type "
+                f"{type(given).__name__}. Leave steps_per_epoch out: PreemptionCheckpoint "
+                f"hands fit the dataset's epoch of {run.steps_per_epoch} steps."
+            )
         if given is not None and given != run.steps_per_epoch:
             raise ValueError(
                 f"steps_per_epoch={given!r} differs from the dataset's epoch of "
@@ -191,13 +211,19 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
         return self._fit_call(run.done, model if not run.per_step else None)
 
     def _position(
-        self, x: Any, initial_epoch: Any, *, beside: list[Any] | None = None
+        self,
+        x: Any,
+        initial_epoch: Any,
+        *,
+        beside: list[Any] | None = None,
+        receiver: str = "fit",
     ) -> tuple[_Run, Any]:
         """The run's position (the latest checkpoint's, a newer ``BackupAndRestore`` backup's,
-        or the start) and its dataset."""
+        or the start) and its dataset (``receiver``, the call that took ``x``, is named when
+        it is not a builder dataset)."""
         self.notice = signals_.Notice()  # a notice ends one run: the next starts afresh
         self.saved_path = None
-        resumable = self._resumable(x)
+        resumable = self._resumable(x, receiver)
         directory = store.check_directory(self.directory)
         if position_of(resumable.strategy).is_chief:
             store.clear_temporary(directory)  # the others' probes may be in use: chief only
@@ -209,7 +235,7 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
             epoch, step = int(latest.state["epoch"]), int(latest.state["step_in_epoch"])
             seed = _checked_seed(latest, resumable.recipe.seed)
         else:
-            epoch, step = int(initial_epoch or 0), 0
+            epoch, step = _initial_epoch(initial_epoch), 0
             seed = resumable.recipe.seed
             if seed is None and resumable.shuffles:
                 seed = random.randrange(2**31)  # kept in every checkpoint of this run
@@ -295,12 +321,26 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
             ...         train_step(batch)
         """
         epochs = _validate.positive_int(epochs, "epochs", hint="Pass e.g. epochs=3.")
+        # Looked up on the class: tf_keras raises from the property on a model not built yet.
+        if not hasattr(type(model), "trainable_variables") or not callable(model):
+            raise TypeError(
+                f"model must be a Keras model, but received {model!r:.80} of type "
+                f"{type(model).__name__}. Pass the model the loop trains (its weights are saved)."
+            )
         optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
         if optimizer is None:
             raise ValueError(
                 "PreemptionCheckpoint.loop needs the optimizer the step applies (its state is "
                 "saved): pass optimizer=..., or compile the model with it."
             )
+        if not hasattr(optimizer, "apply_gradients") or not hasattr(optimizer, "iterations"):
+            raise TypeError(
+                f"optimizer must be a Keras optimizer object, but received {optimizer!r:.80} of "
+                f"type {type(optimizer).__name__}. Pass the optimizer object the step applies "
+                "(its state is saved), e.g. the one given to tdu.make_distributed_train_step, "
+                "or leave optimizer out to use model.optimizer."
+            )
+        initial_epoch = _initial_epoch(initial_epoch)
         return CustomLoop(self, model, optimizer, dataset, epochs, initial_epoch)
 
     @contextlib.contextmanager
@@ -318,12 +358,12 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
             handlers.restore()
 
     @staticmethod
-    def _resumable(x: Any) -> Any:
+    def _resumable(x: Any, receiver: str = "fit") -> Any:
         factory = getattr(x, "tfdp_resumable", None)
         if factory is None:
             raise TypeError(
                 f"PreemptionCheckpoint resumes a dataset from tdu.build_distributed_dataset(), "
-                f"but fit received {type(x).__name__}. Build the training data with "
+                f"but {receiver} received {type(x).__name__}. Build the training data with "
                 "tdu.build_distributed_dataset(...) (not through the tf.data service): the "
                 "same arrays or tf.data.Dataset go where x was, and the job then resumes at "
                 "the step it stopped. For a resume at the last epoch's end instead, use "
@@ -639,7 +679,7 @@ class CustomLoop:
 
     def __enter__(self) -> CustomLoop:
         owner = self._owner
-        run, self._stream = owner._position(self._dataset, self._initial)
+        run, self._stream = owner._position(self._dataset, self._initial, receiver="loop()")
         self._handlers = signals_.SignalHandlers(owner.signals, owner.notice)
         try:
             owner._begin(run, self._model, self._optimizer)
@@ -912,6 +952,34 @@ def _say_save_granularity(every_steps: int | None, per_execution: int, accumulat
         every_steps + unit - 1,
         every_steps,
         unit,
+    )
+
+
+def _check_one_checkpoint(callbacks: Any) -> None:
+    """One PreemptionCheckpoint per fit: each would position the dataset and save the job."""
+    if not isinstance(callbacks, (list, tuple)):
+        return
+    found = [c for c in callbacks if isinstance(c, PreemptionCheckpoint)]
+    if len(found) < 2:
+        return
+    folders = ", ".join(repr(c.directory) for c in found)
+    raise ValueError(
+        f"fit received {len(found)} PreemptionCheckpoint callbacks (directories {folders}); "
+        "one positions the dataset at its checkpoint and saves the whole job, so a second "
+        "would position it again and save a second copy. Pass one PreemptionCheckpoint "
+        "(every_steps= for periodic saves besides the notice's)."
+    )
+
+
+def _initial_epoch(value: Any) -> int:
+    """``initial_epoch`` of a job without a checkpoint, checked: an integer >= 0 (None: 0)."""
+    if value is None:
+        return 0
+    return _validate.positive_int(
+        value,
+        "initial_epoch",
+        minimum=0,
+        hint="Pass the epoch a job without a checkpoint starts at, e.g. initial_epoch=0.",
     )
 
 

@@ -69,8 +69,9 @@ def check_directory(directory: Any) -> str:
     Raises:
         TypeError: not a path.
         ValueError: a URL (``gs://...``), whose folders cannot be renamed atomically.
+        NotADirectoryError: it is a file, or lies under one.
         PermissionError: not writable (the message names the folder and the fix).
-        OSError: it cannot be created (a file in the way, a full disk...).
+        OSError: it cannot be created (a full disk...).
     """
     if isinstance(directory, os.PathLike):
         directory = os.fspath(directory)
@@ -92,6 +93,12 @@ def check_directory(directory: Any) -> str:
             f"directory={directory!r} is a file, not a folder; pass a folder path for the "
             "checkpoints."
         )
+    above = _file_above(path)
+    if above is not None:
+        raise NotADirectoryError(
+            f"directory={directory!r} cannot be made: {above!r} on its path is a file, not a "
+            "folder. Pass another folder path for the checkpoints, or move that file away."
+        )
     try:
         os.makedirs(path, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path, prefix=_PROBE, delete=True) as probe:
@@ -109,6 +116,17 @@ def check_directory(directory: Any) -> str:
             "another folder.",
         ) from None
     return path
+
+
+def _file_above(path: str) -> str | None:
+    """The nearest existing parent of ``path`` when it is not a folder (nothing can be made
+    under it), else None."""
+    parent = os.path.dirname(path)
+    while parent and not os.path.exists(parent):
+        if os.path.dirname(parent) == parent:
+            return None
+        parent = os.path.dirname(parent)
+    return parent if parent and not os.path.isdir(parent) else None
 
 
 def _fsync_folder(path: str) -> None:

@@ -97,11 +97,17 @@ def read_runs(log_dir: str) -> dict[str, RunSeries]:
         Runs by name (``global``, ``replica_0``, ...), in name order.
 
     Raises:
-        FileNotFoundError: when ``log_dir`` does not exist.
+        FileNotFoundError: when ``log_dir`` does not exist or is a file.
     """
     if not os.path.isdir(log_dir):
         raise FileNotFoundError(
-            f"LOGDIR {log_dir!r} is not a directory; pass the log_dir given to ThroughputLogger."
+            f"LOGDIR {log_dir!r} is not a directory but a file. Pass the log_dir given to "
+            "ThroughputLogger: the folder that holds its runs ('global', 'replica_0', ...), not "
+            "one of their event files."
+            if os.path.exists(log_dir)
+            else f"LOGDIR {log_dir!r} is not a directory: nothing exists at that path. Pass the "
+            "log_dir given to ThroughputLogger (check the path, and that the job has started "
+            "writing)."
         )
     runs: dict[str, RunSeries] = {}
     for folder, files in _event_files(log_dir):
