@@ -318,6 +318,21 @@ def optimizer_batch_counter(optimizer: Any) -> Any:
     return optimizer.iterations
 
 
+def batches_trained(model: Any) -> int:
+    """Batches (micro-batches under accumulation) ``fit`` has trained ``model`` on: steps as
+    users count them (Keras' batch indices, the progress bar, ThroughputLogger's step axis).
+
+    ``optimizer.iterations`` counts updates; under accumulation every update covers k batches.
+    A model whose ``train_step`` accumulates (tf_keras, ``enable_gradient_accumulation``)
+    carries the state that knows its pending batches (``_tfdp_accumulation``).
+    """
+    state = getattr(model, "_tfdp_accumulation", None)
+    trained = getattr(state, "batches_trained", None)
+    if callable(trained):
+        return int(trained(model.optimizer))
+    return int(optimizer_batch_counter(model.optimizer).numpy())
+
+
 def autograph_rules_without_tf_keras() -> tuple[Any, tuple[Any, ...]] | None:
     """Autograph's conversion-rule module and its rules plus ``DoNotConvert('tf_keras')``.
 

@@ -228,7 +228,16 @@ def _phase_tracker(strategy: Any) -> Any:
 
     position = position_of(strategy)
     board = PhaseBoard(CoordinationStore(), worker=position.index, num_workers=position.num_workers)
-    return lambda in_call: PhaseTracker(board, in_call=in_call)
+    return lambda in_call: PhaseTracker(board, in_call=in_call, facts=step_facts)
+
+
+def step_facts(frame: Any) -> Any:
+    """What the watchdog reads of the ``fit`` on ``frame``'s stack: the batches trained (steps
+    as users count them) and the input clock."""
+    from tfdp_utils import _tf
+    from tfdp_utils.strategy._stuck import fit_facts
+
+    return fit_facts(frame, count=_tf.batches_trained)
 
 
 def parameter_server_refusal(kind: str, *, keras3: bool, keras_version: str) -> str | None:

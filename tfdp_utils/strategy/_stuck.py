@@ -592,13 +592,24 @@ class _BoundedReads:
 _READS = _BoundedReads()
 
 
-def fit_facts(frame: FrameType, *, timeout: float = READ_COUNTS_TIMEOUT) -> StepFacts:
+def fit_facts(
+    frame: FrameType,
+    *,
+    timeout: float = READ_COUNTS_TIMEOUT,
+    count: Callable[[Any], int] | None = None,
+) -> StepFacts:
     """The step counter and input clock of the ``fit`` call on ``frame``'s stack.
 
     Finds the ``fit`` frames (Keras' ``fit``: ``self`` the model, ``x`` the data) and reads
-    the optimizer's ``iterations`` and ``x.tfdp_input_clock.progress()`` on a helper thread,
-    waiting at most ``timeout`` seconds (nothing known after that). Called only for a phase
-    that lasted an interval.
+    the step counter and ``x.tfdp_input_clock.progress()`` on a helper thread, waiting at most
+    ``timeout`` seconds (nothing known after that). Called only for a phase that lasted an
+    interval.
+
+    Args:
+        frame: the training thread's innermost frame.
+        timeout: seconds the reads may take. Defaults to :data:`READ_COUNTS_TIMEOUT`.
+        count: reads the model's step counter. Defaults to `None` (the optimizer's
+            ``iterations``; the watchdog passes the batches trained, as users count steps).
     """
     model: Any = None
     clock: Any = None
@@ -613,10 +624,15 @@ def fit_facts(frame: FrameType, *, timeout: float = READ_COUNTS_TIMEOUT) -> Step
         current = current.f_back
     if model is None and clock is None:
         return StepFacts()
-    return _READS.run(lambda: _read_counts(model, clock), timeout) or StepFacts()
+    read = count or _updates
+    return _READS.run(lambda: _read_counts(model, clock, read), timeout) or StepFacts()
 
 
-def _read_counts(model: Any, clock: Any) -> StepFacts:
+def _updates(model: Any) -> int:
+    return int(model.optimizer.iterations.numpy())
+
+
+def _read_counts(model: Any, clock: Any, count: Callable[[Any], int] = _updates) -> StepFacts:
     finished = waits_for = None
     early = False
     try:
@@ -626,7 +642,7 @@ def _read_counts(model: Any, clock: Any) -> StepFacts:
                 waits_for = int(progress.requested)
         if model is not None:
             early = counts_running_step(model.optimizer)
-            finished = int(model.optimizer.iterations.numpy())
+            finished = count(model)
     except Exception as error:  # a read during teardown: the phase goes without a number
         logger.debug("tfdp_utils: cannot read the step counter: %s", error)
     return StepFacts(finished, early, waits_for)
@@ -638,7 +654,11 @@ def counts_running_step(optimizer: Any) -> bool:
     tf_keras' optimizer (``tf_keras/src/optimizers/optimizer.py``,
     ``_distributed_apply_gradients_fn``) returns ``self.iterations.assign_add(1)`` without a
     dependency on the updates, so in a step that waits (for input or a collective) it has run.
+    Its ``LossScaleOptimizer`` increments it inside the branch chosen by the gradients'
+    finiteness, so after the step's input and collectives: not early.
     """
+    if any(cls.__name__.startswith("LossScaleOptimizer") for cls in type(optimizer).__mro__):
+        return False
     return any(
         cls.__name__ == "Optimizer" and cls.__module__ == "tf_keras.src.optimizers.optimizer"
         for cls in type(optimizer).__mro__

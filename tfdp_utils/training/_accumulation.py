@@ -14,6 +14,7 @@ import types
 from collections.abc import Sequence
 from typing import Any
 
+from tfdp_utils import _tf
 from tfdp_utils._tf import IS_KERAS3, keras, optimizer_batch_counter, tf
 from tfdp_utils._validate import positive_int
 from tfdp_utils.training import _mixed_precision as mixed_precision
@@ -116,6 +117,11 @@ class _FitState:
         with model.distribute_strategy.scope():
             self.accumulator = GradientAccumulator(model.trainable_variables)
 
+    def batches_trained(self, optimizer: Any) -> int:
+        """The updates' batches and the batches pending in the accumulators."""
+        pending = round(float(self.accumulator.examples.numpy()))
+        return int(optimizer.iterations.numpy()) * self.steps + pending
+
 
 def enable_gradient_accumulation(model: Any, accumulation_steps: int) -> Any:
     """Make tf_keras ``fit`` apply the optimizer once per ``accumulation_steps`` batches.
@@ -199,12 +205,7 @@ def batches_trained(model: Any) -> int:
     ``optimizer.iterations`` counts updates; under accumulation every update covers k
     batches, and batches since the last update are pending in the accumulators.
     """
-    optimizer = model.optimizer
-    state = getattr(model, "_tfdp_accumulation", None)
-    if isinstance(state, _FitState):
-        pending = round(float(state.accumulator.examples.numpy()))
-        return int(optimizer.iterations.numpy()) * state.steps + pending
-    return int(optimizer_batch_counter(optimizer).numpy())
+    return _tf.batches_trained(model)
 
 
 def pending_batches(model: Any) -> int:
