@@ -152,7 +152,8 @@ def test_keras_model_loads_in_a_fresh_process(tmp_path):
     result = run_python(
         f"""
         import json
-        import tfdp_utils as tdu  # registers WarmupSchedule
+        import tensorflow
+        import tfdp_utils as tdu  # registers WarmupSchedule (TensorFlow is in use)
         from tfdp_utils._tf import keras
         model = keras.models.load_model({str(path)!r})
         schedule = model.optimizer._learning_rate

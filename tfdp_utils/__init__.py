@@ -12,7 +12,6 @@ the subpackages it lists (``callbacks``, ``cluster``, ``compat``, ``data``, ``er
 
 from __future__ import annotations
 
-import importlib
 import sys
 from typing import TYPE_CHECKING
 
@@ -20,6 +19,7 @@ from tfdp_utils._lazy import surface
 
 if TYPE_CHECKING:
     from tfdp_utils import callbacks, cluster, compat, data, errors, strategy
+    from tfdp_utils._dataset_info import DatasetInfo
     from tfdp_utils._tf import IS_KERAS3, KERAS_FLAVOUR
     from tfdp_utils.batching import (
         GlobalBatchPlan,
@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     from tfdp_utils.cluster._environments import cluster_task_type
     from tfdp_utils.data._builder import build_distributed_dataset, plan_sharding
     from tfdp_utils.data._diagnose_input import diagnose_input
-    from tfdp_utils.data._info import DatasetInfo
     from tfdp_utils.data._input_report import InputDiagnosis
     from tfdp_utils.data._sharding import ShardingPlan
     from tfdp_utils.data._single_device import single_device_dataset
@@ -54,8 +53,9 @@ if TYPE_CHECKING:
     from tfdp_utils.schedules import WarmupSchedule
     from tfdp_utils.strategy._backup_dir import worker_backup_dir
     from tfdp_utils.strategy._build import run_server
-    from tfdp_utils.strategy._choice import StrategyChoice, auto_strategy, choose_strategy
+    from tfdp_utils.strategy._choice import auto_strategy, choose_strategy
     from tfdp_utils.strategy._detect import Environment, detect_environment
+    from tfdp_utils.strategy._strategy_choice import StrategyChoice
     from tfdp_utils.throughput._meter import ThroughputMeter
     from tfdp_utils.training._accumulation import enable_gradient_accumulation
     from tfdp_utils.training._step import DistributedTrainStep, make_distributed_train_step
@@ -68,7 +68,7 @@ _HOMES: dict[str, str] = {
     "KERAS_FLAVOUR": "tfdp_utils._tf",
     "ClusterConfig": "tfdp_utils.cluster._config",
     "ClusterTimeoutError": "tfdp_utils.errors",
-    "DatasetInfo": "tfdp_utils.data._info",
+    "DatasetInfo": "tfdp_utils._dataset_info",
     "DistributedTrainStep": "tfdp_utils.training._step",
     "EndlessEpochError": "tfdp_utils.errors",
     "Environment": "tfdp_utils.strategy._detect",
@@ -80,7 +80,7 @@ _HOMES: dict[str, str] = {
     "ResumeMismatchError": "tfdp_utils.errors",
     "ServiceTimeoutError": "tfdp_utils.errors",
     "ShardingPlan": "tfdp_utils.data._sharding",
-    "StrategyChoice": "tfdp_utils.strategy._choice",
+    "StrategyChoice": "tfdp_utils.strategy._strategy_choice",
     "StrategyMismatchError": "tfdp_utils.errors",
     "TPUProbeError": "tfdp_utils.errors",
     "TfdpError": "tfdp_utils.errors",
@@ -173,5 +173,5 @@ __getattr__, __dir__ = surface(__name__, _HOMES, globals(), __all__)
 if "tensorflow" in sys.modules:
     # TensorFlow is in use: register WarmupSchedule with Keras now, so that load_model finds
     # it after `import tensorflow; import tfdp_utils` (any TensorFlow part of tfdp-utils also
-    # registers it on first use).
-    importlib.import_module("tfdp_utils._tf")
+    # registers it on first use, through tfdp_utils.compat).
+    from tfdp_utils import schedules as _schedules  # noqa: F401

@@ -7,11 +7,10 @@ tf_keras when ``TF_USE_LEGACY_KERAS=1`` was set before TensorFlow resolved ``tf.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterator
 from typing import Any
 
-from tfdp_utils._versions import installed_version
+from tfdp_utils._versions import installed_version, tensorflow_flavour, unsupported
 
 _INSTALL_HINT = (
     "tfdp-utils needs TensorFlow, which it does not install by itself so that it never "
@@ -353,15 +352,22 @@ def autograph_rules_without_tf_keras() -> tuple[Any, tuple[Any, ...]] | None:
     return autograph_config, (*rules, do_not_convert("tf_keras"))
 
 
-def _register_keras_objects() -> None:
-    """Register tfdp-utils' Keras objects (``WarmupSchedule``) with Keras' deserializer.
+def require_supported() -> None:
+    """Raise when the installed TensorFlow or Keras 3 in use is older than supported.
 
-    Keras finds WarmupSchedule by its registered name when it loads a saved model, so it is
-    registered whenever tfdp-utils touches TensorFlow (``tfdp_utils/__init__`` imports this
-    module when TensorFlow is already imported). Imported by name, not at the top: the
-    schedules module itself builds on this one.
+    Called at first use (a strategy, a builder dataset), not at import, so that
+    ``tfdp-utils env`` and ``doctor`` still report on an unsupported installation.
+
+    Raises:
+        RuntimeError: the installed versions are not supported; the message names them,
+            the supported ones and the pip command.
     """
-    importlib.import_module("tfdp_utils.schedules")
-
-
-_register_keras_objects()
+    flavour = tensorflow_flavour()
+    message = unsupported(
+        tensorflow=tf.__version__,
+        keras=KERAS_VERSION if IS_KERAS3 else None,
+        flavour=flavour if flavour != "unknown" else "tensorflow",
+        keras3=IS_KERAS3,
+    )
+    if message is not None:
+        raise RuntimeError(message)

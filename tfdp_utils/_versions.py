@@ -102,25 +102,3 @@ def unsupported(
         f"under MirroredStrategy or reject distributed datasets. Fix: "
         f"pip install -U {' '.join(fixes)}"
     )
-
-
-def require_supported() -> None:
-    """Raise when the installed TensorFlow or Keras 3 in use is older than supported.
-
-    Called at first use (a strategy, a builder dataset), not at import, so that
-    ``tfdp-utils env`` and ``doctor`` still report on an unsupported installation.
-
-    Raises:
-        RuntimeError: the installed versions are not supported; the message names them,
-            the supported ones and the pip command.
-    """
-    from tfdp_utils import _tf
-
-    message = unsupported(
-        tensorflow=_tf.tf.__version__,
-        keras=_tf.KERAS_VERSION if _tf.IS_KERAS3 else None,
-        flavour=tensorflow_flavour() if tensorflow_flavour() != "unknown" else "tensorflow",
-        keras3=_tf.IS_KERAS3,
-    )
-    if message is not None:
-        raise RuntimeError(message)

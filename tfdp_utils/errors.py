@@ -14,10 +14,14 @@ Examples:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from tfdp_utils.doctor._equivalence import EquivalenceReport
+
+class _Summarized(Protocol):
+    """What the error needs of its report (a ``tdu.EquivalenceReport``): its summary. Named by
+    shape, so that this module (the floor every pillar imports) imports none of them."""
+
+    def summary(self) -> str: ...
 
 
 class TfdpError(Exception):
@@ -63,9 +67,10 @@ class ResumeMismatchError(TfdpError, ValueError):
 
 
 class ReplicaDivergenceError(TfdpError, RuntimeError):
-    """Training on N replicas diverged from training on one device (see ``.report``)."""
+    """Training on N replicas diverged from training on one device (see ``.report``, the
+    ``tdu.EquivalenceReport``)."""
 
-    def __init__(self, report: EquivalenceReport) -> None:
+    def __init__(self, report: _Summarized) -> None:
         super().__init__(report.summary())
         self.report = report
 

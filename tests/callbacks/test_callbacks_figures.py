@@ -23,9 +23,9 @@ from support.processes import run_python
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import tfdp_utils as tdu
+from tfdp_utils._dataset_info import DatasetInfo
 from tfdp_utils._tf import IS_KERAS3, keras
 from tfdp_utils.callbacks import ThroughputLogger
-from tfdp_utils.data._info import DatasetInfo
 from tfdp_utils.throughput import _report as report
 from tfdp_utils.throughput import _tags as tags
 

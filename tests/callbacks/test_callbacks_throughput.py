@@ -16,9 +16,9 @@ from support.graph import sleeping
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tfdp_utils import compat
+from tfdp_utils._dataset_info import DatasetInfo
 from tfdp_utils._tf import IS_KERAS3, keras
 from tfdp_utils.callbacks import ThroughputLogger
-from tfdp_utils.data._info import DatasetInfo
 from tfdp_utils.throughput import _tags as tags
 
 pytestmark = pytest.mark.keras

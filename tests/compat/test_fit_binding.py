@@ -280,7 +280,7 @@ def test_counts_stay_exact_under_gradient_accumulation(replicas: int, tmp_path: 
 def test_counts_from_an_inexact_layout_are_labelled_derived(tmp_path: Path) -> None:
     # A layout whose per-step counts are not known (DatasetInfo.exact=False: a self-batching
     # function, the tf.data service's distributed_epoch) is counted, and says it is derived.
-    from tfdp_utils.data._info import DatasetInfo
+    from tfdp_utils._dataset_info import DatasetInfo
 
     strategy = strategy_of(2)
     info = DatasetInfo(

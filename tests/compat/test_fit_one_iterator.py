@@ -21,9 +21,9 @@ from tensorflow.python.distribute import input_lib
 
 import tfdp_utils as tdu
 from tfdp_utils import compat
+from tfdp_utils._dataset_info import DatasetInfo
 from tfdp_utils._tf import IS_KERAS3, keras, tf
 from tfdp_utils.compat import _one_iterator as one_iterator
-from tfdp_utils.data._info import DatasetInfo
 
 PER_REPLICA = 3
 

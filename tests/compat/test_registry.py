@@ -371,7 +371,7 @@ def test_the_kill_switch_leaves_keras_fit_alone_and_says_what_is_off(tmp_path: P
 
 def test_every_workaround_is_an_entry_of_the_known_issues_table() -> None:
     # The table is the one home of each bug's title and address; the doctor prints it.
-    from tfdp_utils.doctor._known_issues import ISSUES
+    from tfdp_utils._known_issues import ISSUES
 
     for workaround in compat.WORKAROUNDS:
         entry = ISSUES[workaround.issue]

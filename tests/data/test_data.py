@@ -19,7 +19,7 @@ import tensorflow as tf
 from support.id_metrics import id_metrics
 
 import tfdp_utils as tdu
-from tfdp_utils.data import _info as dataset_info
+from tfdp_utils import _dataset_info as dataset_info
 from tfdp_utils.data import build_distributed_dataset, plan_sharding
 from tfdp_utils.data._sharding import (
     split_examples,

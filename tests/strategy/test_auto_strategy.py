@@ -20,8 +20,8 @@ from support.processes import (
 )
 
 import tfdp_utils as tdu
+from tfdp_utils import _dataset_info as dataset_info
 from tfdp_utils._tf import tf
-from tfdp_utils.data import _info as dataset_info
 from tfdp_utils.strategy._choice import explain
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tfdp_utils.data._info import DatasetInfo
+from tfdp_utils._dataset_info import DatasetInfo
 from tfdp_utils.throughput._counts import ExampleCounter, even_split
 
 pytestmark = pytest.mark.pure

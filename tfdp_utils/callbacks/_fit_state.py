@@ -14,9 +14,9 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from tfdp_utils import _dataset_info as dataset_info
 from tfdp_utils._tf import tf
 from tfdp_utils.cluster import _topology as topology
-from tfdp_utils.data import _info as dataset_info
 from tfdp_utils.data import _input_wait as input_wait
 from tfdp_utils.throughput._clock import PausableClock
 from tfdp_utils.throughput._counts import ExampleCounter
@@ -78,7 +78,7 @@ class FitData:
     """What the current ``fit`` trains on: the builder's info, or what kind of data it is.
 
     Attributes:
-        info: the builder's :class:`~tfdp_utils.data._info.DatasetInfo`, or None.
+        info: the builder's :class:`~tfdp_utils._dataset_info.DatasetInfo`, or None.
         kind: ``"a <type name>"``, for messages.
         static_batch: for a plain ``tf.data.Dataset`` whose every element has the same static
             first dimension (batched with ``drop_remainder=True``), that batch size; else None.

@@ -24,7 +24,9 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from tfdp_utils import _dataset_info as dataset_info
 from tfdp_utils import _tf
+from tfdp_utils._dataset_info import DatasetInfo
 from tfdp_utils._tf import keras, tf
 from tfdp_utils._validate import boolean, positive_int
 from tfdp_utils.callbacks._event_writer import RunWriters
@@ -41,9 +43,7 @@ from tfdp_utils.callbacks._fit_state import (
 from tfdp_utils.cluster import _topology as topology
 from tfdp_utils.compat import _fit_binding as fit_binding
 from tfdp_utils.compat._switch import disabled as keras_patches_disabled
-from tfdp_utils.data import _info as dataset_info
 from tfdp_utils.data import _input_wait as input_wait
-from tfdp_utils.data._info import DatasetInfo
 from tfdp_utils.throughput import _tags as tags
 from tfdp_utils.throughput._clock import PausableClock
 from tfdp_utils.throughput._counts import ExampleCounter, even_split
@@ -108,7 +108,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
     Args:
         log_dir: directory for the TensorBoard runs (local path or any ``tf.io.gfile`` URL).
         dataset: a dataset from :func:`tfdp_utils.build_distributed_dataset` or its
-            :class:`~tfdp_utils.data._info.DatasetInfo`, for exact counts. Defaults to
+            :class:`~tfdp_utils._dataset_info.DatasetInfo`, for exact counts. Defaults to
             `None` (use ``global_batch_size``, else the builder dataset ``fit`` iterates).
         global_batch_size: examples per step over all replicas, for datasets not made by
             the builder; every step then counts this many examples, split evenly over the

@@ -65,7 +65,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from tfdp_utils._versions import require_supported
+from tfdp_utils._tf import require_supported
 from tfdp_utils.compat import _changes as changes
 from tfdp_utils.compat import _fit_binding as fit_binding
 from tfdp_utils.compat import _keras_19246 as keras_19246

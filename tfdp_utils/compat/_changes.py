@@ -15,7 +15,8 @@ import threading
 from typing import Any
 
 from tfdp_utils import _exit_guard as exit_guard
-from tfdp_utils._versions import require_supported
+from tfdp_utils import schedules as _schedules  # noqa: F401  WarmupSchedule, for load_model
+from tfdp_utils._tf import require_supported
 from tfdp_utils.compat import _fit_binding as fit_binding
 from tfdp_utils.compat import _one_iterator as one_iterator
 from tfdp_utils.compat import _tf_keras_datasets as tf_keras_datasets

@@ -31,10 +31,10 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol, runtime_checkable
 
+from tfdp_utils._dataset_info import DatasetInfo, info_of
 from tfdp_utils.compat import _one_iterator as one_iterator
 from tfdp_utils.compat._registry import REGISTRY, RuntimeChange, change_of, replace_method
 from tfdp_utils.compat._switch import disabled, warn_features_off
-from tfdp_utils.data._info import DatasetInfo, info_of
 from tfdp_utils.errors import EndlessEpochError, StrategyMismatchError
 
 _METHODS = ("fit", "evaluate", "predict")

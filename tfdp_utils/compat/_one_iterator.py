@@ -48,6 +48,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from tfdp_utils._dataset_info import DatasetInfo, info_of, position_of_stream
 from tfdp_utils._tf import IS_KERAS3
 from tfdp_utils.compat._registry import (
     REGISTRY,
@@ -57,7 +58,6 @@ from tfdp_utils.compat._registry import (
     replace_method,
 )
 from tfdp_utils.compat._switch import disabled
-from tfdp_utils.data._info import DatasetInfo, info_of, position_of_stream
 
 CHANGE = RuntimeChange(
     name="fit-one-iterator",

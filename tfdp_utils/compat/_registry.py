@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any, Literal
 
+from tfdp_utils._known_issues import ISSUES
 from tfdp_utils._tf import IS_KERAS3, KERAS_VERSION, keras, tf
-from tfdp_utils.doctor._known_issues import ISSUES
 
 MARK = "_tfdp_change"
 """Attribute of every replacement function: the name of the change it belongs to."""
@@ -239,7 +239,7 @@ class Workaround:
 
     Attributes:
         issue: the upstream issue, e.g. ``"keras#19246"``; its entry in the known-issues table
-            (:mod:`tfdp_utils.doctor._known_issues`, the one home of each bug's title and
+            (:mod:`tfdp_utils._known_issues`, the one home of each bug's title and
             address) gives :attr:`summary` and :attr:`url`.
         verified_on: Keras versions on which the bug was reproduced and the workaround tested.
         changes: what the workaround replaces, e.g. ``"TensorFlowTrainer._make_function"``.

@@ -37,10 +37,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from tfdp_utils._dataset_info import info_of
 from tfdp_utils._tf import IS_KERAS3, KERAS_VERSION
 from tfdp_utils.compat._registry import REGISTRY, RuntimeChange, replace_method
 from tfdp_utils.compat._switch import logger
-from tfdp_utils.data._info import info_of
 
 SUMMARY = (
     "tf_keras needs steps_per_epoch for a distributed dataset and keeps one iterator for all epochs"

@@ -5,7 +5,7 @@ Pure planning apart from tf.data glue, one concept per module:
 ============================  =============================================================
 ``data/_sharding.py``         which worker reads which data, and why (pure)
 ``data/_epochs.py``           steps per epoch and what each replica receives (pure)
-``data/_info.py``             ``DatasetInfo``: the exact counts attached to a dataset (pure)
+``_dataset_info.py``             ``DatasetInfo``: the exact counts attached to a dataset (pure)
 ``data/_diagnostics.py``      what the builder warns about, as data (pure)
 ``data/_sources.py``          what a source is: kind, files, size, reads files, batched
 ``data/_pipeline.py``         the per-worker tf.data pipeline, one stage per function
@@ -40,16 +40,16 @@ from typing import TYPE_CHECKING
 from tfdp_utils._lazy import surface
 
 if TYPE_CHECKING:
+    from tfdp_utils._dataset_info import DatasetInfo
     from tfdp_utils.data._builder import build_distributed_dataset, plan_sharding
     from tfdp_utils.data._diagnose_input import diagnose_input
-    from tfdp_utils.data._info import DatasetInfo
     from tfdp_utils.data._input_report import InputDiagnosis
     from tfdp_utils.data._sharding import ShardingPlan
     from tfdp_utils.data._single_device import single_device_dataset
     from tfdp_utils.data._splits import split_for_validation
 
 _HOMES = {
-    "DatasetInfo": "tfdp_utils.data._info",
+    "DatasetInfo": "tfdp_utils._dataset_info",
     "InputDiagnosis": "tfdp_utils.data._input_report",
     "ShardingPlan": "tfdp_utils.data._sharding",
     "build_distributed_dataset": "tfdp_utils.data._builder",

@@ -14,11 +14,11 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
+from tfdp_utils import _dataset_info as dataset_info
 from tfdp_utils._tf import tf
 from tfdp_utils._validate import boolean, positive_int
 from tfdp_utils._validate import strategy as check_strategy
 from tfdp_utils.batching import split_batch_size
-from tfdp_utils.data import _info as dataset_info
 from tfdp_utils.data._epochs import Repeat, check_repeat
 from tfdp_utils.data._sharding import check_policy
 from tfdp_utils.data.service._modes import check_service

@@ -18,9 +18,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from tfdp_utils._dataset_info import DatasetInfo
 from tfdp_utils.compat import _changes as compat_changes
 from tfdp_utils.data import _input_wait as input_wait
-from tfdp_utils.data._info import DatasetInfo
 from tfdp_utils.data._sharding import ShardingPlan
 
 logger = logging.getLogger("tfdp_utils")

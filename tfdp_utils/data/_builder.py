@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from tfdp_utils._dataset_info import DatasetInfo
 from tfdp_utils._tf import tf
 from tfdp_utils._validate import boolean, positive_int
 from tfdp_utils.cluster._topology import position_of
@@ -41,7 +42,6 @@ from tfdp_utils.data._epochs import (
     needs_element_check,
     plan_epochs,
 )
-from tfdp_utils.data._info import DatasetInfo
 from tfdp_utils.data._pipeline import Recipe, global_dataset, per_worker_dataset
 from tfdp_utils.data._positioned import Resumable, resumable
 from tfdp_utils.data._sharding import (
@@ -381,7 +381,12 @@ def build_distributed_dataset(
             "each step is counted as a full global batch, and an epoch's last steps can be "
             "partial or extra",
         )
-    dist = single_device.remember(attach(dist, info, planned.plan), arguments, self_batching=False)
+    dist = single_device.remember(
+        attach(dist, info, planned.plan),
+        arguments,
+        self_batching=False,
+        rebuild=build_distributed_dataset,
+    )
     if call.service is None:
         # Asked for by PreemptionCheckpoint only: planning aligned epochs can read an element.
         dist.tfdp_resumable = functools.partial(_resumable, call, planned, map_fn, info)
@@ -548,7 +553,9 @@ def _function_batches(
         input_options=input_options,
     )
     _log(findings)
-    return single_device.remember(attach(dist, info, plan), arguments, self_batching=True)
+    return single_device.remember(
+        attach(dist, info, plan), arguments, self_batching=True, rebuild=build_distributed_dataset
+    )
 
 
 def _check_not_empty_by_dropping(epochs: Any, shape: StepShape, *, drop_remainder: bool) -> None:

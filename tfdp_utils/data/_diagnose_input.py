@@ -24,9 +24,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from tfdp_utils import _tf, _validate
+from tfdp_utils._dataset_info import info_of
 from tfdp_utils._tf import tf
 from tfdp_utils.data._elements import BATCH_CLASSES, MAP_CLASSES
-from tfdp_utils.data._info import info_of
 from tfdp_utils.data._input_report import (
     Figures,
     InputDiagnosis,

@@ -4,7 +4,7 @@ Pure Python (no TensorFlow). From the examples each worker holds (the sharding p
 ``examples_per_worker``) and the shape of a step (:class:`StepShape`), :func:`epoch_layout`
 counts the examples of every replica in every step, and :func:`plan_epochs` says how the
 per-worker pipeline batches, trims and repeats so that those counts come true; the
-:class:`~tfdp_utils.data._info.DatasetInfo` the builder attaches is made from them.
+:class:`~tfdp_utils._dataset_info.DatasetInfo` the builder attaches is made from them.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import math
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from tfdp_utils.data._info import DatasetInfo
+from tfdp_utils._dataset_info import DatasetInfo
 
 Repeat = bool | Literal["epochs"]
 REPEAT_MODES: tuple[Repeat, ...] = (False, True, "epochs")
@@ -398,7 +398,7 @@ def check_epochs_aligned(
 def dataset_info_for(
     epochs: EpochPlan, shape: StepShape, *, repeat: Repeat, infinite: bool
 ) -> DatasetInfo:
-    """The :class:`~tfdp_utils.data._info.DatasetInfo` the builder attaches. Pure."""
+    """The :class:`~tfdp_utils._dataset_info.DatasetInfo` the builder attaches. Pure."""
     layout = epochs.layout if epochs.exact else None
     return DatasetInfo(
         global_batch_size=shape.global_batch_size,

@@ -26,9 +26,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from tfdp_utils._dataset_info import DatasetInfo, StreamPosition
 from tfdp_utils._tf import tf
 from tfdp_utils.data._epochs import EpochPlan, StepShape, dataset_info_for
-from tfdp_utils.data._info import DatasetInfo, StreamPosition
 from tfdp_utils.data._pipeline import (
     Recipe,
     batch,

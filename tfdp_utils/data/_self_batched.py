@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from tfdp_utils._dataset_info import DatasetInfo
 from tfdp_utils._tf import tf
 from tfdp_utils.data._diagnostics import Finding
 from tfdp_utils.data._elements import (
@@ -25,7 +26,6 @@ from tfdp_utils.data._elements import (
     classify,
 )
 from tfdp_utils.data._epochs import OTHER_REPEATS, EpochLayout, Repeat, batches_layout
-from tfdp_utils.data._info import DatasetInfo
 from tfdp_utils.data._pipeline import empty_batch
 from tfdp_utils.data._sharding import ShardingPlan, SourceFacts, plan_from_facts
 from tfdp_utils.data._sources import cardinality, dense_only, is_dataset

@@ -11,11 +11,13 @@ batches of the same global size, as one ``tf.data.Dataset`` any model takes.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
-from tfdp_utils.data._info import info_of
+from tfdp_utils._dataset_info import info_of
 
-_ARGUMENTS = "_tfdp_build_arguments"
+_REBUILD = "_tfdp_rebuild_on_one_device"
 
 
 class _OneDevice:
@@ -40,8 +42,15 @@ class _OneDevice:
 ONE_DEVICE = _OneDevice()
 
 
-def remember(dist: Any, arguments: dict[str, Any], *, self_batching: bool) -> Any:
-    """``dist`` with the builder's ``arguments`` kept for :func:`single_device_dataset`.
+def remember(
+    dist: Any,
+    arguments: dict[str, Any],
+    *,
+    self_batching: bool,
+    rebuild: Callable[..., Any],
+) -> Any:
+    """``dist`` with how to build it again on one device, for :func:`single_device_dataset`:
+    ``rebuild`` (the builder) bound to its ``arguments`` for one device.
 
     ``self_batching``: a source function that batches itself decides its batch size on one
     device too (from ``input_context``), so it is rebuilt with the sizes it was given.
@@ -52,7 +61,7 @@ def remember(dist: Any, arguments: dict[str, Any], *, self_batching: bool) -> An
         kept["global_batch_size"] = info.global_batch_size
         kept["per_replica_batch_size"] = None
     kept["strategy"] = ONE_DEVICE
-    setattr(dist, _ARGUMENTS, kept)
+    setattr(dist, _REBUILD, functools.partial(rebuild, **kept))
     return dist
 
 
@@ -85,13 +94,11 @@ def single_device_dataset(dataset: Any) -> Any:
         >>> [int(b.shape[0]) for b in tdu.single_device_dataset(dist)]
         [4, 4, 2]
     """
-    arguments = getattr(dataset, _ARGUMENTS, None)
-    if not isinstance(arguments, dict):
+    rebuild = getattr(dataset, _REBUILD, None)
+    if not isinstance(rebuild, functools.partial):
         raise TypeError(
             f"single_device_dataset() takes a dataset from build_distributed_dataset, but "
             f"received {type(dataset).__name__}. A tf.data.Dataset you built yourself already "
             "works on one device: pass it to the model directly."
         )
-    from tfdp_utils.data._builder import build_distributed_dataset
-
-    return build_distributed_dataset(**arguments)
+    return rebuild()

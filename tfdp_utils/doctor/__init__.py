@@ -4,7 +4,8 @@
 ``doctor/_command.py``        ``tfdp-utils doctor``: versions without TensorFlow, self-tests
                               in a bounded child process
 ``doctor/_checks.py``         the self-tests the child runs
-``doctor/_known_issues.py``   upstream bugs as data, assessed for the installed versions
+``_known_issues.py``          upstream bugs as data (in the package's floor, beside the
+                              compat registry that names them), assessed here
 ``doctor/_equivalence.py``    ``check_replica_equivalence``: N replicas vs one device
 ============================  =============================================================
 

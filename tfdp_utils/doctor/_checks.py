@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from tfdp_utils.doctor._command import Check, Status
+from tfdp_utils.doctor._check import Check, Status
 
 NUM_EXAMPLES = 45  # not a multiple of the global batch: a partial last step
 GLOBAL_BATCH = 8
@@ -108,10 +108,10 @@ def build_facts() -> list[Check]:
 
 
 def known_issue_checks(*, gpus: int, tpus: int) -> list[Check]:
-    """:data:`tfdp_utils.doctor._known_issues.KNOWN_ISSUES` marked for this installation."""
+    """:data:`tfdp_utils._known_issues.KNOWN_ISSUES` marked for this installation."""
+    from tfdp_utils import _known_issues as known_issues
     from tfdp_utils import compat
     from tfdp_utils._tf import IS_KERAS3, KERAS_VERSION, tf
-    from tfdp_utils.doctor import _known_issues as known_issues
 
     # The upstream bugs compat works around (status() lists the other runtime changes too).
     workarounds = [s for s in compat.status() if s.kind == "workaround"]

@@ -7,7 +7,7 @@ Three sections, one verdict per line, as a table a user can paste into a bug rep
   importing TensorFlow; the environment variables ``auto_strategy()`` reads, checked by the
   same function it calls (a FAIL line per problem, and then no self-tests); then, from
   TensorFlow itself, its CUDA/cuDNN build and devices.
-- **known issues**: :data:`tfdp_utils.doctor._known_issues.KNOWN_ISSUES` marked affected / fixed /
+- **known issues**: :data:`tfdp_utils._known_issues.KNOWN_ISSUES` marked affected / fixed /
   worked around for the installed versions.
 - **self-tests**: 2 logical CPU replicas against one device (with and without
   ``steps_per_execution``), the builder's exactly-once, the throughput logger's counts;
@@ -35,13 +35,11 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
 
 from tfdp_utils._validate import positive_float
 from tfdp_utils._versions import installed_flavours, installed_version
 from tfdp_utils._waiting import Deadline
-
-Status = Literal["PASS", "FAIL", "WARN", "SKIP", "INFO"]
+from tfdp_utils.doctor._check import Check
 
 DEFAULT_TIMEOUT = 180.0
 """Seconds the TensorFlow-side checks may take in all (``--timeout``)."""
@@ -49,31 +47,6 @@ DEFAULT_TIMEOUT = 180.0
 DEFAULT_CLUSTER_JOB_TIMEOUT = 120.0
 """Seconds the doctor's whole 2-worker localhost job may take (``--cluster``); not the
 peer-rendezvous bound of ``auto_strategy(cluster_timeout=...)``."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Check:
-    """One line of the doctor's table.
-
-    Attributes:
-        section: ``"versions"``, ``"known issues"`` or ``"self-tests"``.
-        name: what was checked.
-        status: PASS / FAIL (exit code 1) / WARN / SKIP / INFO.
-        detail: the finding, in a few words.
-        seconds: how long a self-test took, or None.
-        url: the upstream issue, for known issues.
-    """
-
-    section: str
-    name: str
-    status: Status
-    detail: str
-    seconds: float | None = None
-    url: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        """The check as a JSON-ready dict."""
-        return dataclasses.asdict(self)
 
 
 def flavour_check(flavours: dict[str, str]) -> Check:

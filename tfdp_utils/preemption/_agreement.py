@@ -26,7 +26,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
+
+from tfdp_utils.cluster._coordination import KeyValueStore
 
 logger = logging.getLogger("tfdp_utils")
 
@@ -56,46 +58,6 @@ class Request:
     @classmethod
     def decode(cls, text: str) -> Request:
         return cls(**json.loads(text))
-
-
-class KeyValueStore(Protocol):
-    """The three operations of TensorFlow's coordination service key-value store."""
-
-    def set(self, key: str, value: str) -> None:
-        """Set ``key``; raise if it exists."""
-
-    def get(self, key: str, timeout_ms: int) -> str | None:
-        """``key``'s value, or None when it is not set within ``timeout_ms``."""
-
-
-class CoordinationStore:
-    """TensorFlow's coordination service as a :class:`KeyValueStore` (a blocking get releases
-    the GIL). Imports TensorFlow when first used.
-
-    Every MultiWorkerMirroredStrategy job runs the service; its store answers while the
-    collectives of a step wait or have been aborted (it does not go through them).
-    """
-
-    def set(self, key: str, value: str) -> None:
-        from tensorflow.python.eager import context
-
-        context.context().set_config_key_value(key, value)
-
-    def get(self, key: str, timeout_ms: int) -> str | None:
-        from tensorflow.python.eager import context
-        from tensorflow.python.framework import errors
-
-        try:
-            value = context.context().get_config_key_value(key, timeout_in_ms=timeout_ms)
-        except errors.DeadlineExceededError:
-            return None
-        return str(value)
-
-    def delete(self, key: str) -> None:
-        """Delete ``key`` (nothing happens when it is not set)."""
-        from tensorflow.python.eager import context
-
-        context.context().delete_config_key_value(key)
 
 
 class CoordinationChannel:

@@ -31,6 +31,7 @@ from typing import Any
 
 from tfdp_utils import _tf, _validate
 from tfdp_utils._tf import keras, tf
+from tfdp_utils.cluster import _coordination as coordination
 from tfdp_utils.cluster._topology import position_of
 from tfdp_utils.compat import _fit_binding as fit_binding
 from tfdp_utils.compat import _resume_position as resume_position
@@ -413,7 +414,7 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
         run.monitor = _GraceMonitor(self.notice, self.grace_seconds, lambda: run.phase)
         if run.num_workers > 1:
             run.channel = agreement.CoordinationChannel(
-                agreement.CoordinationStore(),
+                coordination.CoordinationStore(),
                 f"tfdp/preemption/{run.serial}",
                 worker=run.worker,
                 num_workers=run.num_workers,
@@ -591,7 +592,7 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
         if run.channel is not None:
             # The others may still be writing: wait for every worker's part, bounded.
             agreement.barrier(
-                agreement.CoordinationStore(),
+                coordination.CoordinationStore(),
                 f"tfdp/preemption/{run.serial}/saved/{run.global_step}",
                 worker=run.worker,
                 num_workers=run.num_workers,

@@ -22,19 +22,15 @@ if TYPE_CHECKING:
     from tfdp_utils.errors import TPUProbeError
     from tfdp_utils.strategy._backup_dir import worker_backup_dir
     from tfdp_utils.strategy._build import run_server
-    from tfdp_utils.strategy._choice import (
-        StrategyChoice,
-        auto_strategy,
-        choose_strategy,
-        explain,
-    )
+    from tfdp_utils.strategy._choice import auto_strategy, choose_strategy, explain
     from tfdp_utils.strategy._detect import Environment, detect_environment
     from tfdp_utils.strategy._faults import CollectiveWatchdog
+    from tfdp_utils.strategy._strategy_choice import StrategyChoice
 
 _HOMES = {
     "CollectiveWatchdog": "tfdp_utils.strategy._faults",
     "Environment": "tfdp_utils.strategy._detect",
-    "StrategyChoice": "tfdp_utils.strategy._choice",
+    "StrategyChoice": "tfdp_utils.strategy._strategy_choice",
     "TPUProbeError": "tfdp_utils.errors",
     "auto_strategy": "tfdp_utils.strategy._choice",
     "choose_strategy": "tfdp_utils.strategy._choice",

@@ -24,7 +24,7 @@ from tfdp_utils.cluster._topology import is_multi_worker
 from tfdp_utils.strategy._faults import COLLECTIVE_TIMEOUT_VARIABLE, CollectiveWatchdog
 
 if TYPE_CHECKING:
-    from tfdp_utils.strategy._choice import StrategyChoice
+    from tfdp_utils.strategy._strategy_choice import StrategyChoice
 
 logger = logging.getLogger("tfdp_utils")
 
@@ -204,8 +204,8 @@ def _hold_exits(strategy: Any, config: ClusterConfig | None) -> None:
     """Install the exit barrier when ``strategy`` spans 2 or more training workers."""
     if config is None or config.worker_rank is None or not is_multi_worker(strategy):
         return
+    from tfdp_utils.cluster._coordination import CoordinationStore
     from tfdp_utils.compat import _changes
-    from tfdp_utils.preemption._agreement import CoordinationStore
     from tfdp_utils.strategy._faults import stop_watchdogs
 
     addresses = [address for _, _, address in config.training_tasks]
@@ -222,8 +222,8 @@ def _hold_exits(strategy: Any, config: ClusterConfig | None) -> None:
 
 def _phase_tracker(strategy: Any) -> Any:
     """How the watchdog publishes this worker's phase: through the coordination service."""
+    from tfdp_utils.cluster._coordination import CoordinationStore
     from tfdp_utils.cluster._topology import position_of
-    from tfdp_utils.preemption._agreement import CoordinationStore
     from tfdp_utils.strategy._stuck import PhaseBoard, PhaseTracker
 
     position = position_of(strategy)

@@ -12,12 +12,12 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
+from tfdp_utils import _dataset_info as dataset_info
 from tfdp_utils import _validate, _variables
 from tfdp_utils._validate import positive_float
 from tfdp_utils.cluster._config import ClusterConfig
-from tfdp_utils.data import _info as dataset_info
 from tfdp_utils.errors import TPUProbeError
 from tfdp_utils.strategy._build import (
     DEFAULT_CLUSTER_TIMEOUT,
@@ -30,43 +30,10 @@ from tfdp_utils.strategy._detect import Environment, detect_environment
 from tfdp_utils.strategy._environment_check import check_prefer as _check_prefer
 from tfdp_utils.strategy._environment_check import raise_first_problem
 from tfdp_utils.strategy._faults import DEFAULT_COLLECTIVE_TIMEOUT, resolve_collective_timeout
+from tfdp_utils.strategy._strategy_choice import StrategyChoice, StrategyKind
 from tfdp_utils.strategy._xla import keras_xla
 
 logger = logging.getLogger("tfdp_utils")
-
-StrategyKind = Literal["tpu", "multi_worker", "mirrored", "one_device", "parameter_server"]
-
-
-_CLASS_NAMES = {
-    "tpu": "TPUStrategy",
-    "multi_worker": "MultiWorkerMirroredStrategy",
-    "mirrored": "MirroredStrategy",
-    "one_device": "OneDeviceStrategy",
-    "parameter_server": "ParameterServerStrategy",
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class StrategyChoice:
-    """The outcome of :func:`choose_strategy`.
-
-    Attributes:
-        kind: ``"tpu"``, ``"multi_worker"``, ``"mirrored"``, ``"one_device"`` or
-            ``"parameter_server"`` (the chief of a cluster with ``ps`` tasks).
-        devices: the local devices the strategy runs on.
-        reason: one line saying why, e.g. ``"2 GPUs visible, no cluster -> mirrored"``.
-        cluster: the cluster for ``multi_worker`` and ``parameter_server``, else None.
-    """
-
-    kind: StrategyKind
-    devices: tuple[str, ...]
-    reason: str
-    cluster: ClusterConfig | None = None
-
-    @property
-    def class_name(self) -> str:
-        """The ``tf.distribute`` class this choice builds."""
-        return _CLASS_NAMES[self.kind]
 
 
 def normalize_device(name: str) -> str:

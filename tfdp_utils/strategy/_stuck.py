@@ -39,7 +39,9 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from types import FrameType
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
+
+from tfdp_utils.cluster._coordination import KeyValueStore
 
 logger = logging.getLogger("tfdp_utils")
 
@@ -305,16 +307,6 @@ class PeerNews:
 
     gave_up: tuple[GaveUp, ...]
     answered: bool
-
-
-class KeyValueStore(Protocol):
-    """Set, get and delete in TensorFlow's coordination service key-value store."""
-
-    def set(self, key: str, value: str) -> None: ...
-
-    def get(self, key: str, timeout_ms: int) -> str | None: ...
-
-    def delete(self, key: str) -> None: ...
 
 
 class PhaseBoard:

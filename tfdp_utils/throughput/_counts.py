@@ -1,6 +1,6 @@
 """Examples each replica trained over a range of optimizer steps. Pure Python, no TensorFlow.
 
-The counts come from the dataset's :class:`~tfdp_utils.data._info.DatasetInfo` (exact,
+The counts come from the dataset's :class:`~tfdp_utils._dataset_info.DatasetInfo` (exact,
 partial last batch included) or, for other datasets, from a global batch size split evenly
 over the replicas. :class:`ExampleCounter` keeps the cumulative counts of one ``fit`` and
 advances them to a step; the ThroughputLogger reads the step, this module does the arithmetic.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tfdp_utils.data._info import DatasetInfo
+from tfdp_utils._dataset_info import DatasetInfo
 
 
 def even_split(global_batch_size: int, replicas: int) -> tuple[int, ...]:

@@ -24,7 +24,7 @@ from tfdp_utils.throughput._tags import (
 )
 
 if TYPE_CHECKING:
-    from tfdp_utils.throughput._report import RunSeries
+    from tfdp_utils.throughput._events import RunSeries
 
 # Column name -> the tag it holds; the names drop the ``throughput/`` / ``memory/`` prefix.
 COLUMNS = {

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from tfdp_utils.data import _info as dataset_info
+from tfdp_utils import _dataset_info as dataset_info
+from tfdp_utils._dataset_info import DatasetInfo, info_of
 from tfdp_utils.data._epochs import StepShape, dataset_info_for, plan_epochs
-from tfdp_utils.data._info import DatasetInfo, info_of
 
 pytestmark = pytest.mark.pure
 

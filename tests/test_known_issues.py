@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tfdp_utils.doctor._known_issues import (
+from tfdp_utils._known_issues import (
     ISSUES,
     KNOWN_ISSUES,
     Installed,
