@@ -27,7 +27,8 @@ import numpy as np
 import tfdp_utils as tdu
 from tfdp_utils._tf import keras, tf
 from tfdp_utils.strategy._faults import _tensorflow_dir
-from tfdp_utils.strategy._stuck import fit_facts, frame_phase
+from tfdp_utils.strategy._phase_tracker import fit_facts
+from tfdp_utils.strategy._stuck import frame_phase
 
 
 def main() -> None:

@@ -41,6 +41,8 @@ PURE_MODULES = (
     "tfdp_utils._waiting",
     "tfdp_utils.strategy._xla",
     "tfdp_utils.strategy._stuck",
+    "tfdp_utils.strategy._phase_board",
+    "tfdp_utils.strategy._phase_tracker",
     "tfdp_utils._known_issues",
     "tfdp_utils.doctor._command",
     "tfdp_utils.doctor._check",

@@ -20,18 +20,9 @@ from typing import Any
 import pytest
 
 from tfdp_utils.strategy._faults import CollectiveWatchdog
-from tfdp_utils.strategy._stuck import (
-    GaveUp,
-    PeerNews,
-    Phase,
-    PhaseBoard,
-    PhaseTracker,
-    StepFacts,
-    diagnose,
-    fit_facts,
-    frame_phase,
-    resolve,
-)
+from tfdp_utils.strategy._phase_board import GaveUp, PeerNews, PhaseBoard
+from tfdp_utils.strategy._phase_tracker import PhaseTracker, fit_facts
+from tfdp_utils.strategy._stuck import Phase, StepFacts, diagnose, frame_phase, resolve
 
 pytestmark = pytest.mark.pure
 

@@ -5,7 +5,9 @@
 ``strategy/_detect.py``       what devices, TPU hints and cluster this process sees
 ``strategy/_build.py``        building the strategy, every probe and wait bounded
 ``strategy/_faults.py``       the collective watchdog; backup folders per worker
-``strategy/_stuck.py``        who holds up a stuck step: each worker's phase, published (pure)
+``strategy/_stuck.py``        who holds up a stuck step: a worker's phase, the diagnosis (pure)
+``strategy/_phase_board.py``  each worker's phase and abort mark, in the coordination store
+``strategy/_phase_tracker.py`` the watchdog's sampling of the training thread
 ``strategy/_xla.py``          whether Keras will compile with XLA under a strategy (pure)
 ============================  =============================================================
 

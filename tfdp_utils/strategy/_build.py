@@ -224,7 +224,8 @@ def _phase_tracker(strategy: Any) -> Any:
     """How the watchdog publishes this worker's phase: through the coordination service."""
     from tfdp_utils.cluster._coordination import CoordinationStore
     from tfdp_utils.cluster._topology import position_of
-    from tfdp_utils.strategy._stuck import PhaseBoard, PhaseTracker
+    from tfdp_utils.strategy._phase_board import PhaseBoard
+    from tfdp_utils.strategy._phase_tracker import PhaseTracker
 
     position = position_of(strategy)
     board = PhaseBoard(CoordinationStore(), worker=position.index, num_workers=position.num_workers)
@@ -235,7 +236,7 @@ def step_facts(frame: Any) -> Any:
     """What the watchdog reads of the ``fit`` on ``frame``'s stack: the batches trained (steps
     as users count them) and the input clock."""
     from tfdp_utils import _tf
-    from tfdp_utils.strategy._stuck import fit_facts
+    from tfdp_utils.strategy._phase_tracker import fit_facts
 
     return fit_facts(frame, count=_tf.batches_trained)
 

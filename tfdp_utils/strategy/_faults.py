@@ -43,7 +43,7 @@ from typing import Any
 from tfdp_utils import _variables
 from tfdp_utils._validate import is_off_word
 from tfdp_utils._waiting import WaitProgress
-from tfdp_utils.strategy._stuck import PhaseTracker
+from tfdp_utils.strategy._phase_tracker import PhaseTracker
 
 logger = logging.getLogger("tfdp_utils")
 
