@@ -48,7 +48,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("tfdp_utils.preemption",),
     ("tfdp_utils.throughput",),
     ("tfdp_utils.callbacks",),
-    ("tfdp_utils.doctor._check", "tfdp_utils.doctor._equivalence"),
+    (
+        "tfdp_utils.doctor._check",
+        "tfdp_utils.doctor._comparison",
+        "tfdp_utils.doctor._equivalence",
+    ),
     ("tfdp_utils", "tfdp_utils.doctor"),  # the public surfaces
     (
         "tfdp_utils.doctor._checks",

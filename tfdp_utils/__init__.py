@@ -38,7 +38,8 @@ if TYPE_CHECKING:
     from tfdp_utils.data._sharding import ShardingPlan
     from tfdp_utils.data._single_device import single_device_dataset
     from tfdp_utils.data._splits import split_for_validation
-    from tfdp_utils.doctor._equivalence import EquivalenceReport, check_replica_equivalence
+    from tfdp_utils.doctor._comparison import EquivalenceReport
+    from tfdp_utils.doctor._equivalence import check_replica_equivalence
     from tfdp_utils.errors import (
         ClusterTimeoutError,
         EndlessEpochError,
@@ -72,7 +73,7 @@ _HOMES: dict[str, str] = {
     "DistributedTrainStep": "tfdp_utils.training._step",
     "EndlessEpochError": "tfdp_utils.errors",
     "Environment": "tfdp_utils.strategy._detect",
-    "EquivalenceReport": "tfdp_utils.doctor._equivalence",
+    "EquivalenceReport": "tfdp_utils.doctor._comparison",
     "GlobalBatchPlan": "tfdp_utils.batching",
     "InputDiagnosis": "tfdp_utils.data._input_report",
     "KerasCompatError": "tfdp_utils.errors",

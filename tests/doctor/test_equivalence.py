@@ -12,7 +12,7 @@ import pytest
 import tfdp_utils as tdu
 from tfdp_utils import demo
 from tfdp_utils._tf import keras, tf
-from tfdp_utils.doctor._equivalence import (
+from tfdp_utils.doctor._comparison import (
     DISTRIBUTED_RUN,
     OVERFLOW_BOUND,
     REFERENCE_RUN,

@@ -7,6 +7,8 @@
 ``_known_issues.py``          upstream bugs as data (in the package's floor, beside the
                               compat registry that names them), assessed here
 ``doctor/_equivalence.py``    ``check_replica_equivalence``: N replicas vs one device
+``doctor/_comparison.py``     its records, report and comparison rule (pure NumPy)
+``doctor/_check.py``          one line of the doctor's table (pure)
 ============================  =============================================================
 
 Importing this package imports no TensorFlow; each name loads its module on first use.
@@ -19,11 +21,12 @@ from typing import TYPE_CHECKING
 from tfdp_utils._lazy import surface
 
 if TYPE_CHECKING:
-    from tfdp_utils.doctor._equivalence import EquivalenceReport, check_replica_equivalence
+    from tfdp_utils.doctor._comparison import EquivalenceReport
+    from tfdp_utils.doctor._equivalence import check_replica_equivalence
     from tfdp_utils.errors import ReplicaDivergenceError
 
 _HOMES = {
-    "EquivalenceReport": "tfdp_utils.doctor._equivalence",
+    "EquivalenceReport": "tfdp_utils.doctor._comparison",
     "ReplicaDivergenceError": "tfdp_utils.errors",
     "check_replica_equivalence": "tfdp_utils.doctor._equivalence",
 }
