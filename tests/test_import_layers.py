@@ -35,6 +35,8 @@ PURE_MODULES = (
     "tfdp_utils.throughput._input_wait",
     "tfdp_utils.throughput._report",
     "tfdp_utils.throughput._events",
+    "tfdp_utils.throughput._summary",
+    "tfdp_utils.throughput._plot",
     "tfdp_utils.throughput._restarts",
     "tfdp_utils._dataset_info",
     "tfdp_utils.cli",

@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from tfdp_utils.throughput import _report as report
 from tfdp_utils.throughput import _tags as tags
+from tfdp_utils.throughput._plot import legend_label
 from tfdp_utils.throughput._tags import GLOBAL_RUN, replica_run, worker_run
 
 
@@ -195,7 +196,7 @@ def test_a_truncated_event_file_is_marked_in_table_json_and_plot(
     entry = data["runs"][GLOBAL_RUN]
     last_rate = runs[GLOBAL_RUN].series[tags.EXAMPLES_PER_SEC][-1][0]
     assert last_rate == 12  # the cut record held the rate at step 16
-    label = report.legend_label(GLOBAL_RUN, entry, last_rate)
+    label = legend_label(GLOBAL_RUN, entry, last_rate)
     assert label == "global (CUT SHORT at step 12)"
 
 
