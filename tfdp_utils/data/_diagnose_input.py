@@ -436,6 +436,39 @@ def _timed_cuts(stages: list[tuple[Stage, Any]], final_rank: int | None) -> list
     return cuts[:MAX_TIMED_STAGES]
 
 
+STAGE_PASSES = 2
+"""Timed windows per stage, interleaved over the stages; the faster is kept."""
+
+
+def _time_stages(
+    stages: list[tuple[Stage, Any]],
+    cuts: list[tuple[int, bool]],
+    options: Any,
+    *,
+    chunk: int,
+    limit: int,
+    seconds: float,
+) -> dict[int, float | None]:
+    """Examples per second of each cut stage, in ``seconds`` in all: two interleaved passes,
+    the faster kept per stage (load only slows a window; one spike in a stage's only window
+    named the next stage as the slow one)."""
+    timed: dict[int, float | None] = dict.fromkeys(range(len(stages)))
+    for _ in range(STAGE_PASSES):
+        for index, examples in cuts:
+            rate = _time_stage(
+                stages[index][1],
+                options,
+                examples=examples,
+                chunk=chunk,
+                limit=limit,
+                seconds=seconds / max(1, STAGE_PASSES * len(cuts)),
+            )
+            best = timed[index]
+            if rate is not None and (best is None or rate > best):
+                timed[index] = rate
+    return timed
+
+
 def _time_stage(
     node: Any, options: Any, *, examples: bool, chunk: int, limit: int, seconds: float
 ) -> float | None:
@@ -753,16 +786,14 @@ def diagnose_input(
         stages = _chain(pipeline)
         cuts = _timed_cuts(stages, _first_rank(pipeline.element_spec))
         options = pipeline.options()
-        timed = dict.fromkeys(range(len(stages)))
-        for index, examples in cuts:
-            timed[index] = _time_stage(
-                stages[index][1],
-                options,
-                examples=examples,
-                chunk=max(1, global_batch),
-                limit=4 * steps * global_batch,
-                seconds=budget["stages"] / max(1, len(cuts)),
-            )
+        timed = _time_stages(
+            stages,
+            cuts,
+            options,
+            chunk=max(1, global_batch),
+            limit=4 * steps * global_batch,
+            seconds=budget["stages"],
+        )
         stage_list = tuple(
             Stage(s.name, s.kind, s.parallel, s.python, s.files, timed[i])
             for i, (s, _) in enumerate(stages)
