@@ -32,6 +32,7 @@ import argparse
 import concurrent.futures
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -326,6 +327,10 @@ def one_run(combo: Combo, script: Path, data: Path, flavour: str, bound: float) 
         if process.poll() is None:
             process.kill()
         process.wait()
+    if problems:
+        problems.append(f"outputs kept in {folder}")
+    else:
+        shutil.rmtree(folder, ignore_errors=True)
     return problems
 
 

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pytest
 import tensorflow as tf
-from support.hostile import Accepts, Case, Raises, check_case, parametrize
+from support.hostile import Accepts, Case, Raises, check_case, parametrize, scratch_folder
 from support.processes import run_python
 
 import tfdp_utils as tdu
@@ -41,7 +41,7 @@ from tfdp_utils.strategy._faults import DEFAULT_COLLECTIVE_TIMEOUT, resolve_coll
 
 pytestmark = pytest.mark.keras
 
-_FOLDER = pathlib.Path(tempfile.mkdtemp(prefix="tfdp-hostile-edges-"))
+_FOLDER = scratch_folder("tfdp-hostile-edges-")
 X = np.arange(64, dtype="float32").reshape(32, 2)
 Y = X[:, :1]
 
@@ -300,7 +300,9 @@ def _logger(**kwargs: Any) -> Callable[[], Any]:
 
 def _warm_up_past_the_fit() -> None:
     with _warnings() as said:
-        _logged_fit(ThroughputLogger(tempfile.mkdtemp(), global_batch_size=8, warmup_steps=50))
+        _logged_fit(
+            ThroughputLogger(tempfile.mkdtemp(dir=_FOLDER), global_batch_size=8, warmup_steps=50)
+        )
     assert any("warmup_steps=50) leaves out all 4 steps of this fit" in s for s in said), said
 
 

@@ -12,13 +12,12 @@ statuses, a closed pipe) live in tests/test_cli.py.
 from __future__ import annotations
 
 import argparse
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support.hostile import Accepts, Case, Raises, check_case, parametrize
+from support.hostile import Accepts, Case, Raises, check_case, parametrize, scratch_folder
 
 import tfdp_utils as tdu
 from tfdp_utils import cli, demo
@@ -303,7 +302,7 @@ def _environment_case(
     return (name, _in_environment(variables, lambda: tdu.auto_strategy(verbose=False)), outcome)
 
 
-_FOLDER = Path(tempfile.mkdtemp(prefix="tfdp-hostile-"))
+_FOLDER = scratch_folder("tfdp-hostile-environment-")
 
 
 def _a_file() -> str:

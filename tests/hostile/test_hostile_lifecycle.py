@@ -9,20 +9,19 @@ received, what it expects and the fix.
 from __future__ import annotations
 
 import math
-import tempfile
 from typing import Any
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from support.hostile import Accepts, Case, Raises, check_case, parametrize
+from support.hostile import Accepts, Case, Raises, check_case, parametrize, scratch_folder
 
 import tfdp_utils as tdu
 from tfdp_utils._tf import keras
 
 pytestmark = pytest.mark.keras
 
-_FOLDER = tempfile.mkdtemp(prefix="tfdp-hostile-lifecycle-")
+_FOLDER = str(scratch_folder("tfdp-hostile-lifecycle-"))
 
 
 def _checkpoint(**kwargs: Any) -> Any:

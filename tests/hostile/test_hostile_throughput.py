@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 import tensorflow as tf
-from support.hostile import Accepts, Case, Raises, check_case, parametrize
+from support.hostile import Accepts, Case, Raises, check_case, parametrize, scratch_folder
 
 import tfdp_utils as tdu
 from tfdp_utils._tf import IS_KERAS3, keras
@@ -56,8 +56,11 @@ def _builder(batch: int, n: int = 96) -> tuple[Any, int | None]:
     return dist, None if IS_KERAS3 else -(-n // batch)
 
 
+_FOLDER = scratch_folder("tfdp-hostile-throughput-")
+
+
 def _logdir() -> str:
-    return tempfile.mkdtemp(prefix="tfdp-hostile-")
+    return tempfile.mkdtemp(dir=_FOLDER)
 
 
 def _gbs_against_builder() -> None:

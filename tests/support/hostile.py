@@ -7,7 +7,11 @@ and checks the counts docs/errors.md states.
 
 from __future__ import annotations
 
+import atexit
+import shutil
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -46,3 +50,13 @@ def parametrize(cases: list[Case]) -> Any:
     return pytest.mark.parametrize(
         ("call", "outcome"), [case[1:] for case in cases], ids=[case[0] for case in cases]
     )
+
+
+def scratch_folder(prefix: str) -> Path:
+    """A folder for a module's cases, removed when the test process ends.
+
+    The case tables are built at collection time, so a fixture's ``tmp_path`` comes too late.
+    """
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
