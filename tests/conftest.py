@@ -71,3 +71,22 @@ def two_worker_phases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any
     from support import two_worker_cluster
 
     return two_worker_cluster.launch(tmp_path_factory.mktemp("two-worker-phases"))
+
+
+# Each test file's seconds (setup, call and teardown of its tests), written at the session's end
+# to the JSON file named by TFDP_TEST_TIMES: scripts/test records them to balance its lanes.
+_file_seconds: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    path = report.nodeid.split("::", 1)[0]
+    _file_seconds[path] = _file_seconds.get(path, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    target = os.environ.get("TFDP_TEST_TIMES")
+    if target:
+        import json
+
+        with open(target, "w") as handle:
+            json.dump({path: round(s, 1) for path, s in sorted(_file_seconds.items())}, handle)

@@ -1,0 +1,108 @@
+"""The suite's lanes, balanced by each test file's recorded seconds (used by scripts/test).
+
+    python scripts/lanes.py split N        print N lanes, one line per (lane, flavour) pass:
+                                           "<lane> <keras3|tf_keras> <test files...>"
+    python scripts/lanes.py merge OUT IN.. merge the per-pass times IN (keras3-*.json,
+                                           tf_keras-*.json) into OUT
+
+The seconds come from the last run on this machine (.pytest_cache/test-times.json, written by
+scripts/test after every full run) or, on a fresh clone, from the committed tests/test-times.json
+(`TFDP_TEST_RECORD=1 bash scripts/test` refreshes it). Every test file runs on Keras 3, and again
+on tf_keras when it marks tests `keras`. The files that share the session's 2-worker cluster
+(the `two_worker_phases` fixture) stay in one pass, which starts that cluster once. Passes are
+placed longest first on the lane that ends earliest; a file with no recorded time counts as
+the median of the recorded ones.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RECORDED = ROOT / "tests" / "test-times.json"
+LAST_RUN = ROOT / ".pytest_cache" / "test-times.json"
+FLAVOURS = ("keras3", "tf_keras")
+SHARED_CLUSTER = "two_worker_phases"
+
+
+def _test_files() -> list[str]:
+    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py"))
+
+
+def _times() -> dict[str, dict[str, float]]:
+    for source in (LAST_RUN, RECORDED):
+        if source.exists():
+            loaded: dict[str, dict[str, float]] = json.loads(source.read_text())
+            return {flavour: loaded.get(flavour, {}) for flavour in FLAVOURS}
+    return {flavour: {} for flavour in FLAVOURS}
+
+
+def _units(flavour: str, times: dict[str, float]) -> list[tuple[float, list[str]]]:
+    """(seconds, files) of each unit of work of one flavour; the shared-cluster files together."""
+    known = [s for s in times.values() if s > 0]
+    default = statistics.median(known) if known else 5.0
+    shared: list[str] = []
+    units: list[tuple[float, list[str]]] = []
+    for path in _test_files():
+        text = (ROOT / path).read_text()
+        if flavour == "tf_keras" and "mark.keras" not in text:
+            continue
+        if SHARED_CLUSTER in text:
+            shared.append(path)
+        else:
+            units.append((times.get(path, default), [path]))
+    if shared:
+        units.append((sum(times.get(path, default) for path in shared), shared))
+    return units
+
+
+def split(lanes: int) -> list[tuple[int, str, list[str]]]:
+    """Longest-processing-time-first placement of every unit on ``lanes`` lanes."""
+    times = _times()
+    work = [
+        (seconds, flavour, files)
+        for flavour in FLAVOURS
+        for seconds, files in _units(flavour, times[flavour])
+    ]
+    work.sort(key=lambda unit: (-unit[0], unit[1], unit[2]))
+    loads = [0.0] * lanes
+    placed: dict[tuple[int, str], list[str]] = {}
+    for seconds, flavour, files in work:
+        lane = loads.index(min(loads))
+        loads[lane] += seconds
+        placed.setdefault((lane, flavour), []).extend(files)
+    return [
+        (lane, flavour, sorted(placed[(lane, flavour)]))
+        for lane in range(lanes)
+        for flavour in FLAVOURS
+        if (lane, flavour) in placed
+    ]
+
+
+def merge(out: Path, inputs: list[Path]) -> None:
+    merged: dict[str, dict[str, float]] = {flavour: {} for flavour in FLAVOURS}
+    for source in inputs:
+        flavour = source.name.split("-", 1)[0]
+        if flavour in merged and source.exists():
+            merged[flavour].update(json.loads(source.read_text()))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(merged, indent=1, sort_keys=True) + "\n")
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) == 2 and argv[0] == "split" and argv[1].isdigit() and int(argv[1]) > 0:
+        for lane, flavour, files in split(int(argv[1])):
+            print(lane + 1, flavour, *files)
+        return 0
+    if len(argv) >= 2 and argv[0] == "merge":
+        merge(Path(argv[1]), [Path(p) for p in argv[2:]])
+        return 0
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
