@@ -18,6 +18,11 @@ Pure planning apart from tf.data glue, one concept per module:
 ``data/_builder.py``          ``build_distributed_dataset`` and ``plan_sharding``
 ``data/_input_report.py``     ``InputDiagnosis``: input-bound or not, the slow stage, advice (pure)
 ``data/_diagnose_input.py``   ``diagnose_input``: times the input, the model, the two together
+``data/_diagnose_phases.py``  its four timed phases; the model's state read and written back
+``data/_diagnose_checks.py``  what ``diagnose_input`` refuses before it times anything
+``data/_diagnose_misfit.py``  the first step's error when the elements do not fit the model
+``data/_step_timing.py``      the clock: warm-up, a window of at least 0.5 s, a deadline
+``data/_stage_timing.py``     the pipeline's stages, each timed alone
 ``data/service/``             the tf.data service: modes, the request watch, the servers
 ============================  =============================================================
 
