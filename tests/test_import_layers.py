@@ -54,6 +54,8 @@ PURE_MODULES = (
     "tfdp_utils.data._epochs",
     "tfdp_utils.data._diagnostics",
     "tfdp_utils.data._input_report",
+    "tfdp_utils.data._input_figures",
+    "tfdp_utils.data._input_advice",
     "tfdp_utils.data.service._watch",
     # Glue that imports TensorFlow only when first used.
     "tfdp_utils.strategy._choice",

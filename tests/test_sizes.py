@@ -25,7 +25,6 @@ OVER_MODULE_BUDGET = {
     "data/_self_batched.py": 604,
     "data/_builder.py": 589,
     "training/_step.py": 505,
-    "data/_input_report.py": 505,
 }
 """Today's debt: lines, at most (to be cut at their seams)."""
 
@@ -34,7 +33,6 @@ OVER_FUNCTION_BUDGET = {
     "cluster/_config.py:validate_cluster": 65,
     "cluster/_rendezvous.py:wait_for_peers": 74,
     "compat/_tf_keras_datasets.py:install": 96,
-    "data/_input_report.py:_stage_advice": 71,
     "preemption/_callback.py:PreemptionCheckpoint._position": 69,
     "strategy/_choice.py:choose_strategy": 61,
     "strategy/_choice.py:auto_strategy": 71,

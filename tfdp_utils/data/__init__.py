@@ -16,6 +16,8 @@ Pure planning apart from tf.data glue, one concept per module:
 ``data/_splits.py``           ``split_for_validation``: Keras' ``validation_split``
 ``data/_arguments.py``        the builder's arguments, checked where they enter
 ``data/_builder.py``          ``build_distributed_dataset`` and ``plan_sharding``
+``data/_input_figures.py``    what ``diagnose_input`` measures: stages, rates, the slow stage (pure)
+``data/_input_advice.py``     what to change: the slow stage's rows, CPU share, overlap (pure)
 ``data/_input_report.py``     ``InputDiagnosis``: input-bound or not, the slow stage, advice (pure)
 ``data/_diagnose_input.py``   ``diagnose_input``: times the input, the model, the two together
 ``data/_diagnose_phases.py``  its four timed phases; the model's state read and written back

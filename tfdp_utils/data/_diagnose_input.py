@@ -38,7 +38,8 @@ from tfdp_utils.data._diagnose_phases import (
     trace,
     train_function,
 )
-from tfdp_utils.data._input_report import Figures, InputDiagnosis, Rate, diagnose
+from tfdp_utils.data._input_figures import Figures, Rate
+from tfdp_utils.data._input_report import InputDiagnosis, diagnose
 from tfdp_utils.data._step_timing import Exhausted, cores
 
 DEFAULT_STEPS = 20

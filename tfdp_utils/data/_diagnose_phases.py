@@ -30,7 +30,7 @@ from tfdp_utils.data._diagnose_checks import (
     is_distributed,
 )
 from tfdp_utils.data._diagnose_misfit import fitting
-from tfdp_utils.data._input_report import Rate, Stage
+from tfdp_utils.data._input_figures import Rate, Stage
 from tfdp_utils.data._stage_timing import (
     cached_after,
     chain,

@@ -1,10 +1,10 @@
 """The pipeline's stages for :func:`~tfdp_utils.diagnose_input`: the dataset's chain walked
 (:func:`tfdp_utils._tf.dataset_chain`, the one walker) into
-:class:`~tfdp_utils.data._input_report.Stage` records, and each stage timed alone (the
+:class:`~tfdp_utils.data._input_figures.Stage` records, and each stage timed alone (the
 pipeline up to it), to find the slow one.
 
 TensorFlow glue: the rule that names the slow stage from these rates is pure
-(:func:`tfdp_utils.data._input_report.bottleneck`).
+(:func:`tfdp_utils.data._input_figures.bottleneck`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 from tfdp_utils import _tf
 from tfdp_utils._tf import tf
 from tfdp_utils.data._elements import BATCH_CLASSES, MAP_CLASSES
-from tfdp_utils.data._input_report import Stage, StageKind
+from tfdp_utils.data._input_figures import Stage, StageKind
 from tfdp_utils.data._sources import READER_OPS
 from tfdp_utils.data._step_timing import MIN_TIMED_STEPS, leading_size
 

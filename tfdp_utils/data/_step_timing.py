@@ -2,7 +2,7 @@
 least a window and at most to a deadline, and the examples each distributed element holds.
 
 TensorFlow glue: the steps are the caller's (the distributed iterator drained, the compiled
-train function called); this times them into a :class:`~tfdp_utils.data._input_report.Rate`.
+train function called); this times them into a :class:`~tfdp_utils.data._input_figures.Rate`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from tfdp_utils._tf import tf
-from tfdp_utils.data._input_report import Rate
+from tfdp_utils.data._input_figures import Rate
 
 WARMUP_STEPS = 2
 """Steps run before each phase's clock starts: the first one traces or fills the pipeline."""
