@@ -265,7 +265,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
                 tags.COUNTS,
             )
         mfu = self.flops_per_example is not None and self.peak_flops_per_replica is not None
-        self._events.begin(fit, fit.host_step, flops=mfu)
+        self._events.begin(fit, fit.host_step, flops=mfu)  # host_step: the fit's first step
         # From here to the end of the first step is the first epoch's start (tf_keras builds
         # the iterator now; the first step traces).
         self._start_epoch_boundary(fit)
