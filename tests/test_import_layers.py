@@ -38,6 +38,7 @@ PURE_MODULES = (
     "tfdp_utils.throughput._summary",
     "tfdp_utils.throughput._plot",
     "tfdp_utils.throughput._restarts",
+    "tfdp_utils.throughput._count_source",
     "tfdp_utils._dataset_info",
     "tfdp_utils.cli",
     "tfdp_utils._waiting",

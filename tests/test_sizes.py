@@ -20,7 +20,6 @@ MODULE_LINES = 500
 FUNCTION_LINES = 60
 
 OVER_MODULE_BUDGET = {
-    "callbacks/_throughput_logger.py": 1035,
     "preemption/_callback.py": 1010,
     "data/_self_batched.py": 604,
     "data/_builder.py": 589,
@@ -29,7 +28,6 @@ OVER_MODULE_BUDGET = {
 """Today's debt: lines, at most (to be cut at their seams)."""
 
 OVER_FUNCTION_BUDGET = {
-    "callbacks/_throughput_logger.py:ThroughputLogger.on_train_begin": 96,
     "cluster/_config.py:validate_cluster": 65,
     "cluster/_rendezvous.py:wait_for_peers": 74,
     "compat/_tf_keras_datasets.py:install": 96,
