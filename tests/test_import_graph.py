@@ -29,6 +29,7 @@ LEAVES = (
     "tfdp_utils._waiting",
     "tfdp_utils._versions",
     "tfdp_utils._lazy",
+    "tfdp_utils._public",
 )
 """The floor: modules every pillar may import, which import nothing of the package."""
 

@@ -20,15 +20,16 @@ MODULE_LINES = 500
 FUNCTION_LINES = 60
 
 OVER_MODULE_BUDGET = {
-    "callbacks/_throughput_logger.py": 1035,
-    "preemption/_callback.py": 1010,
-    "data/_diagnose_input.py": 907,  # 876 before the stage timing's second, interleaved pass
+    "callbacks/_throughput_logger.py": 1037,
+    "preemption/_callback.py": 1013,
+    "data/_diagnose_input.py": 910,  # 876 before the stage timing's second, interleaved pass
     "data/_self_batched.py": 604,
-    "data/_builder.py": 589,
-    "training/_step.py": 505,
-    "data/_input_report.py": 505,
+    "data/_builder.py": 593,
+    "training/_step.py": 508,
+    "data/_input_report.py": 508,
 }
-"""Today's debt: lines, at most (to be cut at their seams)."""
+"""Today's debt: lines, at most (to be cut at their seams). Each of these grew by the lines that
+name its public names' public module (``__module__``, see ``tfdp_utils._public``)."""
 
 OVER_FUNCTION_BUDGET = {
     "callbacks/_throughput_logger.py:ThroughputLogger.on_train_begin": 96,

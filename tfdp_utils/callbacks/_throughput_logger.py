@@ -1033,3 +1033,5 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
 
 
 # GLOBAL_RUN, replica_run and worker_run live in tfdp_utils.throughput._tags; kept importable here.
+
+ThroughputLogger.__module__ = "tfdp_utils.callbacks"  # public home (tfdp_utils._public)

@@ -905,3 +905,6 @@ def _cached_after(stages: list[tuple[Stage, Any]]) -> tuple[int, ...]:
     if not caches:
         return ()
     return tuple(range(max(caches)))
+
+
+diagnose_input.__module__ = "tfdp_utils"  # public home (tfdp_utils._public)
