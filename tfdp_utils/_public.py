@@ -8,7 +8,11 @@ then reads ``tfdp_utils.StrategyChoice`` even if the user never touched the publ
 Pickle finds the class through the public package's lazy ``__getattr__``.
 
 Put :func:`public` above every other decorator, so that ``dataclasses`` resolves the class's
-annotations in the defining module first. A leaf: imports nothing of the package.
+annotations in the defining module first. What httpx's choice costs here too: tools that look
+a class up through its module's globals no longer find the defining module, so on Python 3.11
+``typing.get_type_hints(tdu.StrategyChoice)`` cannot resolve the string annotations and
+``inspect.getsource`` of a public class fails (functions are unaffected: they keep their
+``__globals__`` and code). A leaf: imports nothing of the package.
 """
 
 from __future__ import annotations
