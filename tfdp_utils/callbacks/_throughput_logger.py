@@ -460,3 +460,6 @@ def _steps_or_none(value: Any, name: str, *, minimum: int = 1, hint: str) -> int
 
 # GLOBAL_RUN, replica_run and worker_run live in tfdp_utils.throughput._tags, and the epoch-log
 # keys in tfdp_utils.callbacks._fit_summary; kept importable here.
+
+
+ThroughputLogger.__module__ = "tfdp_utils.callbacks"  # public home (tfdp_utils._public)

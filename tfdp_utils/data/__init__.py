@@ -47,34 +47,14 @@ from typing import TYPE_CHECKING
 from tfdp_utils._lazy import surface
 
 if TYPE_CHECKING:
-    from tfdp_utils._dataset_info import DatasetInfo
-    from tfdp_utils.data._builder import build_distributed_dataset, plan_sharding
-    from tfdp_utils.data._diagnose_input import diagnose_input
-    from tfdp_utils.data._input_report import InputDiagnosis
-    from tfdp_utils.data._sharding import ShardingPlan
-    from tfdp_utils.data._single_device import single_device_dataset
-    from tfdp_utils.data._splits import split_for_validation
+    from tfdp_utils._dataset_info import DatasetInfo as DatasetInfo
+    from tfdp_utils.data._builder import build_distributed_dataset as build_distributed_dataset
+    from tfdp_utils.data._builder import plan_sharding as plan_sharding
+    from tfdp_utils.data._diagnose_input import diagnose_input as diagnose_input
+    from tfdp_utils.data._input_report import InputDiagnosis as InputDiagnosis
+    from tfdp_utils.data._sharding import ShardingPlan as ShardingPlan
+    from tfdp_utils.data._single_device import single_device_dataset as single_device_dataset
+    from tfdp_utils.data._splits import split_for_validation as split_for_validation
 
-_HOMES = {
-    "DatasetInfo": "tfdp_utils._dataset_info",
-    "InputDiagnosis": "tfdp_utils.data._input_report",
-    "ShardingPlan": "tfdp_utils.data._sharding",
-    "build_distributed_dataset": "tfdp_utils.data._builder",
-    "diagnose_input": "tfdp_utils.data._diagnose_input",
-    "plan_sharding": "tfdp_utils.data._builder",
-    "single_device_dataset": "tfdp_utils.data._single_device",
-    "split_for_validation": "tfdp_utils.data._splits",
-}
-
-__all__ = [
-    "DatasetInfo",
-    "InputDiagnosis",
-    "ShardingPlan",
-    "build_distributed_dataset",
-    "diagnose_input",
-    "plan_sharding",
-    "single_device_dataset",
-    "split_for_validation",
-]
-
-__getattr__, __dir__ = surface(__name__, _HOMES, globals(), __all__)
+# __all__ and dir() are the names imported above as `name as name` (see tfdp_utils._lazy).
+__all__, __getattr__, __dir__ = surface(globals())

@@ -197,3 +197,6 @@ def _report(
         dataset=_describe_dataset(run),
         notes=notes,
     )
+
+
+diagnose_input.__module__ = "tfdp_utils"  # public home (tfdp_utils._public)

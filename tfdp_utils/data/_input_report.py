@@ -168,3 +168,6 @@ def diagnose(
         dataset=dataset,
         notes=tuple(notes),
     )
+
+
+InputDiagnosis.__module__ = "tfdp_utils"  # public home (tfdp_utils._public)

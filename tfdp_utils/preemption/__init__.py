@@ -12,11 +12,15 @@
 when first used.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from tfdp_utils._lazy import surface
-from tfdp_utils.preemption._signals import PREEMPTED_EXIT_STATUS
+from tfdp_utils.preemption._signals import PREEMPTED_EXIT_STATUS as PREEMPTED_EXIT_STATUS
 
-__all__ = ["PREEMPTED_EXIT_STATUS", "PreemptionCheckpoint"]
+if TYPE_CHECKING:
+    from tfdp_utils.preemption._callback import PreemptionCheckpoint as PreemptionCheckpoint
 
-__getattr__, __dir__ = surface(
-    __name__, {"PreemptionCheckpoint": "tfdp_utils.preemption._callback"}, globals(), __all__
-)
+# __all__ and dir() are the names imported above as `name as name` (see tfdp_utils._lazy).
+__all__, __getattr__, __dir__ = surface(globals())

@@ -1008,3 +1008,6 @@ def _say_exit_outside_fit(signal_name: str) -> None:
         signal_name,
         signals_.PREEMPTED_EXIT_STATUS,
     )
+
+
+PreemptionCheckpoint.__module__ = "tfdp_utils.callbacks"  # public home (tfdp_utils._public)
