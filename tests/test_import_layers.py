@@ -58,6 +58,11 @@ PURE_MODULES = (
     "tfdp_utils.data._input_figures",
     "tfdp_utils.data._input_advice",
     "tfdp_utils.data.service._watch",
+    # The pure parts of PreemptionCheckpoint.
+    "tfdp_utils.preemption._position",
+    "tfdp_utils.preemption._mismatch",
+    "tfdp_utils.preemption._arguments",
+    "tfdp_utils.preemption._run",
     # Glue that imports TensorFlow only when first used.
     "tfdp_utils.strategy._choice",
     "tfdp_utils.strategy._build",
