@@ -38,6 +38,7 @@ PURE_MODULES = (
     "tfdp_utils.throughput._summary",
     "tfdp_utils.throughput._plot",
     "tfdp_utils.throughput._restarts",
+    "tfdp_utils.throughput._count_source",
     "tfdp_utils._dataset_info",
     "tfdp_utils.cli",
     "tfdp_utils._waiting",
@@ -54,7 +55,14 @@ PURE_MODULES = (
     "tfdp_utils.data._epochs",
     "tfdp_utils.data._diagnostics",
     "tfdp_utils.data._input_report",
+    "tfdp_utils.data._input_figures",
+    "tfdp_utils.data._input_advice",
     "tfdp_utils.data.service._watch",
+    # The pure parts of PreemptionCheckpoint.
+    "tfdp_utils.preemption._position",
+    "tfdp_utils.preemption._mismatch",
+    "tfdp_utils.preemption._arguments",
+    "tfdp_utils.preemption._run",
     # Glue that imports TensorFlow only when first used.
     "tfdp_utils.strategy._choice",
     "tfdp_utils.strategy._build",

@@ -20,24 +20,17 @@ MODULE_LINES = 500
 FUNCTION_LINES = 60
 
 OVER_MODULE_BUDGET = {
-    "callbacks/_throughput_logger.py": 1035,
-    "preemption/_callback.py": 1010,
-    "data/_diagnose_input.py": 907,  # 876 before the stage timing's second, interleaved pass
     "data/_self_batched.py": 604,
-    "data/_builder.py": 589,
-    "training/_step.py": 505,
-    "data/_input_report.py": 505,
+    "data/_builder.py": 593,
+    "training/_step.py": 508,
 }
-"""Today's debt: lines, at most (to be cut at their seams)."""
+"""Today's debt: lines, at most (to be cut at their seams). Two grew by the lines that name
+their public names' public module (``__module__``, see ``tfdp_utils._public``)."""
 
 OVER_FUNCTION_BUDGET = {
-    "callbacks/_throughput_logger.py:ThroughputLogger.on_train_begin": 96,
     "cluster/_config.py:validate_cluster": 65,
     "cluster/_rendezvous.py:wait_for_peers": 74,
     "compat/_tf_keras_datasets.py:install": 96,
-    "data/_diagnose_input.py:diagnose_input": 161,
-    "data/_input_report.py:_stage_advice": 71,
-    "preemption/_callback.py:PreemptionCheckpoint._position": 69,
     "strategy/_choice.py:choose_strategy": 61,
     "strategy/_choice.py:auto_strategy": 71,
     "throughput/_report.py:format_table": 74,

@@ -15,7 +15,10 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from tfdp_utils._public import public
 
+
+@public("tfdp_utils")
 @dataclasses.dataclass(frozen=True)
 class DatasetInfo:
     """Exact shape of one epoch of a distributed dataset.

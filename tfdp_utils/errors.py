@@ -13,8 +13,9 @@ Examples:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class _Summarized(Protocol):
@@ -40,6 +41,11 @@ class ClusterTimeoutError(TfdpError, TimeoutError):
         super().__init__(message)
         self.missing = tuple(missing)
         self.timeout = timeout
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # pickle and copy rebuild an exception from its args; the keywords are not among them
+        rebuild = functools.partial(type(self), missing=self.missing, timeout=self.timeout)
+        return rebuild, self.args, self.__dict__
 
 
 class TPUProbeError(TfdpError, RuntimeError):
@@ -73,6 +79,10 @@ class ReplicaDivergenceError(TfdpError, RuntimeError):
     def __init__(self, report: _Summarized) -> None:
         super().__init__(report.summary())
         self.report = report
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # pickle and copy rebuild an exception from its args: the summary, not the report
+        return type(self), (self.report,), self.__dict__
 
 
 class ReplicaDivergenceWarning(UserWarning):

@@ -10,15 +10,9 @@ import dataclasses
 
 import pytest
 
-from tfdp_utils.data._input_report import (
-    DISTRIBUTED_ITERATOR,
-    Figures,
-    Rate,
-    Stage,
-    advise,
-    bottleneck,
-    diagnose,
-)
+from tfdp_utils.data._input_advice import advise
+from tfdp_utils.data._input_figures import Figures, Rate, Stage, bottleneck
+from tfdp_utils.data._input_report import DISTRIBUTED_ITERATOR, diagnose
 
 pytestmark = pytest.mark.pure
 
@@ -31,7 +25,9 @@ def rate(per_sec: float, *, cpu_share_of_two: float | None = None) -> Rate:
 
 SERIAL_READ = Stage("FlatMap", "read", None, False, 8)
 PARALLEL_READ_ONE_FILE = Stage("TFRecordV2", "read", -1, False, 1)
+PARALLEL_READ = Stage("TFRecordV2", "read", -1, False, 8)
 SERIAL_MAP = Stage("Map", "map", None, True)
+SERIAL_PLAIN_MAP = Stage("Map", "map", None, False)
 PARALLEL_MAP = Stage("ParallelMap", "map", -1)
 BATCH = Stage("Batch", "batch")
 PREFETCH = Stage("Prefetch", "other")
@@ -154,6 +150,57 @@ def test_no_cache_advice_when_a_cache_follows_and_no_service_when_in_use() -> No
     stages = (timed(SOURCE, 500_000), timed(PARALLEL_MAP, 1_000))
     advice = advise(figures(stages, cached_after=(0, 1), service=True))
     assert kinds(advice) == []
+
+
+@pytest.mark.parametrize(
+    ("stage", "flags", "expected"),
+    [
+        (SERIAL_READ, {}, ["parallel_reads"]),  # 8 files: enough for 2 cores
+        (dataclasses.replace(SERIAL_READ, files=1), {}, ["parallel_reads", "more_files"]),
+        (PARALLEL_READ_ONE_FILE, {}, ["more_files"]),
+        (dataclasses.replace(PARALLEL_READ, files=3), {}, ["more_files"]),  # under 2 per core
+        (dataclasses.replace(PARALLEL_READ, files=4), {}, []),  # 2 per core: enough
+        (dataclasses.replace(PARALLEL_READ, files=None), {}, []),  # files unknown
+        (Stage("Generator", "generator", None, True), {}, ["python"]),
+        (SERIAL_MAP, {}, ["parallel_map", "cache", "service"]),
+        (PARALLEL_MAP, {}, ["cache", "service"]),
+        (PARALLEL_MAP, {"cached_after": (0,)}, ["service"]),
+        (PARALLEL_MAP, {"service": True}, ["cache"]),
+        (SERIAL_MAP, {"cached_after": (0,), "service": True}, ["parallel_map"]),
+        (Stage("Interleave", "interleave"), {}, []),
+        (BATCH, {}, []),
+        (SOURCE, {}, []),
+        (PREFETCH, {}, []),
+    ],
+)
+def test_the_slow_stage_gets_the_rows_that_apply_to_it(
+    stage: Stage, flags: dict[str, object], expected: list[str]
+) -> None:
+    # The stage alone is the slow one; CPU 60 % of 2 cores and full overlap add nothing.
+    advice = advise(figures((timed(stage, 900),), **flags))
+    assert kinds(advice) == expected
+
+
+@pytest.mark.parametrize(
+    ("stage", "builder", "kind", "phrase", "shown"),
+    [
+        (SERIAL_READ, False, "parallel_reads", "(a file source given to", True),
+        (SERIAL_READ, True, "parallel_reads", "(a file source given to", False),
+        (SERIAL_MAP, False, "parallel_map", "holds the GIL", True),
+        (SERIAL_PLAIN_MAP, False, "parallel_map", "holds the GIL", False),
+        (SERIAL_PLAIN_MAP, False, "cache", "add .cache() (memory) or .cache(path)", True),
+        (SERIAL_PLAIN_MAP, True, "cache", "pass cache=True (or a file prefix)", True),
+        (SERIAL_PLAIN_MAP, False, "service", "tf.data.experimental.service.distribute", True),
+        (SERIAL_PLAIN_MAP, True, "service", "tfdp-utils data-service dispatcher", True),
+    ],
+)
+def test_the_slow_stage_advice_names_the_call_for_its_dataset(
+    stage: Stage, builder: bool, kind: str, phrase: str, shown: bool
+) -> None:
+    advice = {a.kind: a.message for a in advise(figures((timed(stage, 900),), builder=builder))}
+    assert (phrase in advice[kind]) is shown, advice[kind]
+    if kind != "service":  # the service's advice is about the machine, not the stage
+        assert f"(the slow stage is {stage.describe()})" in advice[kind]
 
 
 def test_cpu_saturated_gets_the_service_and_intra_op_threads() -> None:

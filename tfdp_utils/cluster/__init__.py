@@ -10,22 +10,15 @@
 ============================  =============================================================
 """
 
-from tfdp_utils.cluster._config import ClusterConfig, parse_tf_config, validate_cluster
-from tfdp_utils.cluster._environments import cluster_from_environment, cluster_task_type
-from tfdp_utils.cluster._slurm import expand_hostlist, parse_slurm
-from tfdp_utils.errors import ClusterTimeoutError
+from tfdp_utils._lazy import surface
+from tfdp_utils.cluster._config import ClusterConfig as ClusterConfig
+from tfdp_utils.cluster._config import parse_tf_config as parse_tf_config
+from tfdp_utils.cluster._config import validate_cluster as validate_cluster
+from tfdp_utils.cluster._environments import cluster_from_environment as cluster_from_environment
+from tfdp_utils.cluster._environments import cluster_task_type as cluster_task_type
+from tfdp_utils.cluster._slurm import expand_hostlist as expand_hostlist
+from tfdp_utils.cluster._slurm import parse_slurm as parse_slurm
+from tfdp_utils.errors import ClusterTimeoutError as ClusterTimeoutError
 
-__all__ = [
-    "ClusterConfig",
-    "ClusterTimeoutError",
-    "cluster_from_environment",
-    "cluster_task_type",
-    "expand_hostlist",
-    "parse_slurm",
-    "parse_tf_config",
-    "validate_cluster",
-]
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)  # tab completion shows the API only
+# __all__ and dir() are the names imported above as `name as name` (see tfdp_utils._lazy).
+__all__, __getattr__, __dir__ = surface(globals())

@@ -14,6 +14,8 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tfdp_utils._public import public
+
 logger = logging.getLogger("tfdp_utils")
 
 TRAINING_TASK_TYPES: tuple[str, ...] = ("chief", "worker")
@@ -25,6 +27,7 @@ _TF_CONFIG_EXAMPLE = (
 )
 
 
+@public("tfdp_utils")
 @dataclasses.dataclass(frozen=True)
 class ClusterConfig:
     """A validated multi-process cluster and this process's place in it.
@@ -108,6 +111,7 @@ def _check_address(address: object, where: str) -> str:
     return address
 
 
+@public("tfdp_utils.cluster")
 def validate_cluster(
     cluster: object, task_type: object, task_index: object, *, source: str = "TF_CONFIG"
 ) -> ClusterConfig:
@@ -192,6 +196,7 @@ def _warn_no_cluster(why: str) -> None:
     )
 
 
+@public("tfdp_utils.cluster")
 def parse_tf_config(value: str | None) -> ClusterConfig | None:
     """Parse a TF_CONFIG string. Empty or cluster-less values mean "no cluster" (None).
 

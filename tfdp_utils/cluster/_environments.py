@@ -12,6 +12,7 @@ import dataclasses
 import os
 from collections.abc import Callable, Mapping
 
+from tfdp_utils._public import public
 from tfdp_utils._validate import mapping
 from tfdp_utils.cluster._config import ClusterConfig, parse_tf_config
 from tfdp_utils.cluster._kubernetes import parse_kubernetes
@@ -44,6 +45,7 @@ NAMES = " / ".join(environment.name for environment in ENVIRONMENTS)
 """All of them in words, for messages: ``"TF_CONFIG / SLURM"``."""
 
 
+@public("tfdp_utils.cluster")
 def cluster_from_environment(environ: Mapping[str, str] | None = None) -> ClusterConfig | None:
     """The cluster this process belongs to, from the first of :data:`ENVIRONMENTS` that
     describes one (TF_CONFIG first, then SLURM, then Kubernetes); None when alone."""
@@ -55,6 +57,7 @@ def cluster_from_environment(environ: Mapping[str, str] | None = None) -> Cluste
     return None
 
 
+@public("tfdp_utils")
 def cluster_task_type(environ: Mapping[str, str] | None = None) -> str | None:
     """This task's type (``chief``, ``worker``, ``evaluator``, ``ps``), or None when alone.
 

@@ -6,6 +6,7 @@ import re
 from collections.abc import Mapping
 
 from tfdp_utils import _variables
+from tfdp_utils._public import public
 from tfdp_utils.cluster._config import ClusterConfig, validate_cluster
 
 DEFAULT_SLURM_PORT_BASE = 8888
@@ -19,6 +20,7 @@ _SRUN_FIX = (
 )
 
 
+@public("tfdp_utils.cluster")
 def expand_hostlist(hostlist: str, *, name: str = "hostlist") -> list[str]:
     """Expand a SLURM host list such as ``"node[001-003,7],gpu-a"``.
 
@@ -150,6 +152,7 @@ def slurm_port_base(environ: Mapping[str, str], *, tasks_per_node: int = 1) -> i
     return int(text)
 
 
+@public("tfdp_utils.cluster")
 def parse_slurm(environ: Mapping[str, str]) -> ClusterConfig | None:
     """Build a cluster from srun's variables, or None when this is not a multi-task srun step.
 

@@ -12,6 +12,7 @@ import logging
 from typing import Any
 
 from tfdp_utils import _variables
+from tfdp_utils._public import public
 from tfdp_utils._tf import IS_KERAS3
 from tfdp_utils._validate import env_flag
 
@@ -42,6 +43,7 @@ TF_KERAS_FEATURES_OFF = (
 )
 
 
+@public("tfdp_utils.compat")
 def disabled() -> bool:
     """Whether ``TFDP_NO_KERAS_PATCHES`` turns the workarounds and Keras changes off here."""
     return env_flag(DISABLE_VARIABLE)

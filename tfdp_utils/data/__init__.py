@@ -16,8 +16,15 @@ Pure planning apart from tf.data glue, one concept per module:
 ``data/_splits.py``           ``split_for_validation``: Keras' ``validation_split``
 ``data/_arguments.py``        the builder's arguments, checked where they enter
 ``data/_builder.py``          ``build_distributed_dataset`` and ``plan_sharding``
+``data/_input_figures.py``    what ``diagnose_input`` measures: stages, rates, the slow stage (pure)
+``data/_input_advice.py``     what to change: the slow stage's rows, CPU share, overlap (pure)
 ``data/_input_report.py``     ``InputDiagnosis``: input-bound or not, the slow stage, advice (pure)
 ``data/_diagnose_input.py``   ``diagnose_input``: times the input, the model, the two together
+``data/_diagnose_phases.py``  its four timed phases; the model's state read and written back
+``data/_diagnose_checks.py``  what ``diagnose_input`` refuses before it times anything
+``data/_diagnose_misfit.py``  the first step's error when the elements do not fit the model
+``data/_step_timing.py``      the clock: warm-up, a window of at least 0.5 s, a deadline
+``data/_stage_timing.py``     the pipeline's stages, each timed alone
 ``data/service/``             the tf.data service: modes, the request watch, the servers
 ============================  =============================================================
 
@@ -40,34 +47,14 @@ from typing import TYPE_CHECKING
 from tfdp_utils._lazy import surface
 
 if TYPE_CHECKING:
-    from tfdp_utils._dataset_info import DatasetInfo
-    from tfdp_utils.data._builder import build_distributed_dataset, plan_sharding
-    from tfdp_utils.data._diagnose_input import diagnose_input
-    from tfdp_utils.data._input_report import InputDiagnosis
-    from tfdp_utils.data._sharding import ShardingPlan
-    from tfdp_utils.data._single_device import single_device_dataset
-    from tfdp_utils.data._splits import split_for_validation
+    from tfdp_utils._dataset_info import DatasetInfo as DatasetInfo
+    from tfdp_utils.data._builder import build_distributed_dataset as build_distributed_dataset
+    from tfdp_utils.data._builder import plan_sharding as plan_sharding
+    from tfdp_utils.data._diagnose_input import diagnose_input as diagnose_input
+    from tfdp_utils.data._input_report import InputDiagnosis as InputDiagnosis
+    from tfdp_utils.data._sharding import ShardingPlan as ShardingPlan
+    from tfdp_utils.data._single_device import single_device_dataset as single_device_dataset
+    from tfdp_utils.data._splits import split_for_validation as split_for_validation
 
-_HOMES = {
-    "DatasetInfo": "tfdp_utils._dataset_info",
-    "InputDiagnosis": "tfdp_utils.data._input_report",
-    "ShardingPlan": "tfdp_utils.data._sharding",
-    "build_distributed_dataset": "tfdp_utils.data._builder",
-    "diagnose_input": "tfdp_utils.data._diagnose_input",
-    "plan_sharding": "tfdp_utils.data._builder",
-    "single_device_dataset": "tfdp_utils.data._single_device",
-    "split_for_validation": "tfdp_utils.data._splits",
-}
-
-__all__ = [
-    "DatasetInfo",
-    "InputDiagnosis",
-    "ShardingPlan",
-    "build_distributed_dataset",
-    "diagnose_input",
-    "plan_sharding",
-    "single_device_dataset",
-    "split_for_validation",
-]
-
-__getattr__, __dir__ = surface(__name__, _HOMES, globals(), __all__)
+# __all__ and dir() are the names imported above as `name as name` (see tfdp_utils._lazy).
+__all__, __getattr__, __dir__ = surface(globals())

@@ -587,3 +587,7 @@ def _distribute(strategy: Any, recipe: Recipe, source: Any, input_options: Any) 
     return strategy.distribute_datasets_from_function(
         lambda context: per_worker_dataset(recipe, source, context), options=input_options
     )
+
+
+plan_sharding.__module__ = "tfdp_utils"  # public home (tfdp_utils._public)
+build_distributed_dataset.__module__ = "tfdp_utils"  # public home (tfdp_utils._public)

@@ -14,6 +14,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any, Literal
 
+from tfdp_utils._public import public
 from tfdp_utils.data._epochs import epoch_layout
 
 ShardPolicy = Literal["file", "data", "hint", "off"]
@@ -43,6 +44,7 @@ Every worker must shuffle identically for DATA sharding to stay disjoint, and wo
 agree on a random seed without communicating, so a fixed seed stands in."""
 
 
+@public("tfdp_utils")
 @dataclasses.dataclass(frozen=True)
 class ShardingPlan:
     """How a source is split between workers, and what each worker will see.

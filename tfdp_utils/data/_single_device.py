@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tfdp_utils._dataset_info import info_of
+from tfdp_utils._public import public
 
 _REBUILD = "_tfdp_rebuild_on_one_device"
 
@@ -65,6 +66,7 @@ def remember(
     return dist
 
 
+@public("tfdp_utils")
 def single_device_dataset(dataset: Any) -> Any:
     """The data of a builder dataset for one device: a plain, globally batched ``tf.data.Dataset``.
 

@@ -16,6 +16,7 @@ import math
 from typing import Any
 
 from tfdp_utils import _tf
+from tfdp_utils._public import public
 from tfdp_utils._tf import tf
 from tfdp_utils._validate import positive_float
 from tfdp_utils.data import _elements as element_kinds
@@ -157,6 +158,7 @@ def check_builder_arguments(kwargs: dict[str, Any], builder: Any) -> None:
         )
 
 
+@public("tfdp_utils")
 def split_for_validation(
     source: Any, *, validation_split: float, element: str = "auto", **kwargs: Any
 ) -> tuple[Any, Any]:

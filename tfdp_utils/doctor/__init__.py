@@ -21,16 +21,11 @@ from typing import TYPE_CHECKING
 from tfdp_utils._lazy import surface
 
 if TYPE_CHECKING:
-    from tfdp_utils.doctor._comparison import EquivalenceReport
-    from tfdp_utils.doctor._equivalence import check_replica_equivalence
-    from tfdp_utils.errors import ReplicaDivergenceError
+    from tfdp_utils.doctor._comparison import EquivalenceReport as EquivalenceReport
+    from tfdp_utils.doctor._equivalence import (
+        check_replica_equivalence as check_replica_equivalence,
+    )
+    from tfdp_utils.errors import ReplicaDivergenceError as ReplicaDivergenceError
 
-_HOMES = {
-    "EquivalenceReport": "tfdp_utils.doctor._comparison",
-    "ReplicaDivergenceError": "tfdp_utils.errors",
-    "check_replica_equivalence": "tfdp_utils.doctor._equivalence",
-}
-
-__all__ = ["EquivalenceReport", "ReplicaDivergenceError", "check_replica_equivalence"]
-
-__getattr__, __dir__ = surface(__name__, _HOMES, globals(), __all__)
+# __all__ and dir() are the names imported above as `name as name` (see tfdp_utils._lazy).
+__all__, __getattr__, __dir__ = surface(globals())

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from tfdp_utils._public import public
+
 OVERFLOW_BOUND = 2.0**64
 """Magnitude (about 1.8e19) beyond which a weight or logged value counts as overflowing: its
 square exceeds float32's largest value (3.4e38), so training in float32 has left the range
@@ -64,6 +66,7 @@ class NonFinite:
         return f"{self.run}: step {self.step}, {self.name} = {shown}"
 
 
+@public("tfdp_utils")
 @dataclasses.dataclass(frozen=True)
 class EquivalenceReport:
     """How training under a strategy compared with training on one device.

@@ -33,6 +33,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from tfdp_utils._public import public
 from tfdp_utils._validate import positive_float, positive_int
 from tfdp_utils.doctor._comparison import (
     EquivalenceReport,
@@ -349,6 +350,7 @@ def _resolve_strategy(strategy: Any) -> Any:
     return auto_strategy(verbose=False)
 
 
+@public("tfdp_utils")
 def check_replica_equivalence(
     model_fn: Callable[[], Any],
     dataset: Any,

@@ -5,6 +5,14 @@
                                    the exit status (75)
 ``preemption/_store.py``           the checkpoint folder: atomic saves, the latest good one
 ``preemption/_agreement.py``       how the workers agree on the step to stop at
+``preemption/_position.py``        the saved position and its arithmetic
+``preemption/_mismatch.py``        whether a checkpoint is this run's
+``preemption/_arguments.py``       the arguments checked, and what is said about them
+``preemption/_run.py``             one prepared ``fit`` and its grace monitor
+``preemption/_restore.py``         where a run starts, the checkpoint read back (TensorFlow)
+``preemption/_saving.py``          the saves and the stop after a notice (TensorFlow)
+``preemption/_ordering.py``        the callback's hooks first among a fit's (TensorFlow)
+``preemption/_loop.py``            a custom loop's batches, positioned and saved
 ``preemption/_callback.py``        ``PreemptionCheckpoint``, the Keras callback (TensorFlow)
 =================================  ==========================================================
 
@@ -12,11 +20,15 @@
 when first used.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from tfdp_utils._lazy import surface
-from tfdp_utils.preemption._signals import PREEMPTED_EXIT_STATUS
+from tfdp_utils.preemption._signals import PREEMPTED_EXIT_STATUS as PREEMPTED_EXIT_STATUS
 
-__all__ = ["PREEMPTED_EXIT_STATUS", "PreemptionCheckpoint"]
+if TYPE_CHECKING:
+    from tfdp_utils.preemption._callback import PreemptionCheckpoint as PreemptionCheckpoint
 
-__getattr__, __dir__ = surface(
-    __name__, {"PreemptionCheckpoint": "tfdp_utils.preemption._callback"}, globals(), __all__
-)
+# __all__ and dir() are the names imported above as `name as name` (see tfdp_utils._lazy).
+__all__, __getattr__, __dir__ = surface(globals())

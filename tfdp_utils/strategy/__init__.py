@@ -21,38 +21,16 @@ from typing import TYPE_CHECKING
 from tfdp_utils._lazy import surface
 
 if TYPE_CHECKING:
-    from tfdp_utils.errors import TPUProbeError
-    from tfdp_utils.strategy._backup_dir import worker_backup_dir
-    from tfdp_utils.strategy._build import run_server
-    from tfdp_utils.strategy._choice import auto_strategy, choose_strategy, explain
-    from tfdp_utils.strategy._detect import Environment, detect_environment
-    from tfdp_utils.strategy._faults import CollectiveWatchdog
-    from tfdp_utils.strategy._strategy_choice import StrategyChoice
+    from tfdp_utils.errors import TPUProbeError as TPUProbeError
+    from tfdp_utils.strategy._backup_dir import worker_backup_dir as worker_backup_dir
+    from tfdp_utils.strategy._build import run_server as run_server
+    from tfdp_utils.strategy._choice import auto_strategy as auto_strategy
+    from tfdp_utils.strategy._choice import choose_strategy as choose_strategy
+    from tfdp_utils.strategy._choice import explain as explain
+    from tfdp_utils.strategy._detect import Environment as Environment
+    from tfdp_utils.strategy._detect import detect_environment as detect_environment
+    from tfdp_utils.strategy._faults import CollectiveWatchdog as CollectiveWatchdog
+    from tfdp_utils.strategy._strategy_choice import StrategyChoice as StrategyChoice
 
-_HOMES = {
-    "CollectiveWatchdog": "tfdp_utils.strategy._faults",
-    "Environment": "tfdp_utils.strategy._detect",
-    "StrategyChoice": "tfdp_utils.strategy._strategy_choice",
-    "TPUProbeError": "tfdp_utils.errors",
-    "auto_strategy": "tfdp_utils.strategy._choice",
-    "choose_strategy": "tfdp_utils.strategy._choice",
-    "detect_environment": "tfdp_utils.strategy._detect",
-    "explain": "tfdp_utils.strategy._choice",
-    "run_server": "tfdp_utils.strategy._build",
-    "worker_backup_dir": "tfdp_utils.strategy._backup_dir",
-}
-
-__all__ = [
-    "CollectiveWatchdog",
-    "Environment",
-    "StrategyChoice",
-    "TPUProbeError",
-    "auto_strategy",
-    "choose_strategy",
-    "detect_environment",
-    "explain",
-    "run_server",
-    "worker_backup_dir",
-]
-
-__getattr__, __dir__ = surface(__name__, _HOMES, globals(), __all__)
+# __all__ and dir() are the names imported above as `name as name` (see tfdp_utils._lazy).
+__all__, __getattr__, __dir__ = surface(globals())

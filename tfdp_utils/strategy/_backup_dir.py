@@ -5,7 +5,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from tfdp_utils._public import public
 
+
+@public("tfdp_utils")
 def worker_backup_dir(backup_dir: str | os.PathLike[str], strategy: Any = None) -> str:
     """The directory to hand ``keras.callbacks.BackupAndRestore`` on this worker.
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tfdp_utils import _variables
+from tfdp_utils._public import public
 from tfdp_utils._validate import env_seconds, positive_float
 from tfdp_utils._waiting import Deadline, WaitProgress, join_within
 from tfdp_utils.cluster._config import ClusterConfig
@@ -289,6 +290,7 @@ def _build_parameter_server(
     return strategy
 
 
+@public("tfdp_utils")
 def run_server(*, cluster_resolver: Any = None, environ: Any = None) -> None:
     """Start this task's TensorFlow server and serve until the process is stopped.
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from tfdp_utils import _dataset_info as dataset_info
 from tfdp_utils import _validate, _variables
+from tfdp_utils._public import public
 from tfdp_utils._validate import positive_float
 from tfdp_utils.cluster._config import ClusterConfig
 from tfdp_utils.errors import TPUProbeError
@@ -88,6 +89,7 @@ def _local_choice(env: Environment, devices: tuple[str, ...] | None, why: str) -
     return StrategyChoice("one_device", env.cpus[:1], f"{why}no GPU or TPU, CPU only -> one_device")
 
 
+@public("tfdp_utils")
 def choose_strategy(
     env: Environment,
     *,
@@ -216,6 +218,7 @@ def _parameter_server_choice(
     )
 
 
+@public("tfdp_utils")
 def auto_strategy(
     prefer: str = "auto",
     *,
@@ -382,6 +385,7 @@ def _announce(line: str, *, verbose: bool) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
+@public("tfdp_utils.strategy")
 def explain(strategy: Any) -> StrategyChoice | None:
     """The :class:`StrategyChoice` behind a strategy from :func:`auto_strategy`, if any."""
     return getattr(strategy, "_tfdp_choice", None)

@@ -12,6 +12,7 @@ import os
 from collections.abc import Mapping
 
 from tfdp_utils import _variables
+from tfdp_utils._public import public
 from tfdp_utils._validate import mapping, text
 from tfdp_utils.cluster._config import ClusterConfig
 from tfdp_utils.cluster._environments import cluster_from_environment
@@ -28,6 +29,7 @@ TPU_VARIABLES: tuple[str, ...] = (
 )
 
 
+@public("tfdp_utils")
 @dataclasses.dataclass(frozen=True)
 class Environment:
     """The devices, TPU hints and cluster spec visible to this process.
@@ -120,6 +122,7 @@ def tpu_hint_from(
     return None, None
 
 
+@public("tfdp_utils")
 def detect_environment(
     *, tpu: str | None = None, environ: Mapping[str, str] | None = None
 ) -> Environment:

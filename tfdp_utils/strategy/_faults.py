@@ -41,6 +41,7 @@ from types import FrameType
 from typing import Any
 
 from tfdp_utils import _variables
+from tfdp_utils._public import public
 from tfdp_utils._validate import is_off_word
 from tfdp_utils._waiting import WaitProgress
 from tfdp_utils.strategy._phase_tracker import PhaseTracker
@@ -225,6 +226,7 @@ def _abort_collectives(message: str) -> None:
     _tf.eager_context().context().abort_collective_ops(errors.DEADLINE_EXCEEDED, message)
 
 
+@public("tfdp_utils.strategy")
 class CollectiveWatchdog:
     """Aborts collectives when one thread stays in a single TensorFlow call for too long.
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
+from tfdp_utils._public import public
 from tfdp_utils.cluster._config import ClusterConfig
 
 StrategyKind = Literal["tpu", "multi_worker", "mirrored", "one_device", "parameter_server"]
@@ -22,6 +23,7 @@ _CLASS_NAMES = {
 }
 
 
+@public("tfdp_utils")
 @dataclasses.dataclass(frozen=True)
 class StrategyChoice:
     """The outcome of :func:`choose_strategy`.

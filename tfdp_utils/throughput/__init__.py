@@ -10,10 +10,9 @@
 The Keras adapter that feeds these is :class:`tfdp_utils.callbacks.ThroughputLogger`.
 """
 
-from tfdp_utils.throughput._meter import ThroughputMeter, ThroughputWindow
+from tfdp_utils._lazy import surface
+from tfdp_utils.throughput._meter import ThroughputMeter as ThroughputMeter
+from tfdp_utils.throughput._meter import ThroughputWindow as ThroughputWindow
 
-__all__ = ["ThroughputMeter", "ThroughputWindow"]
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)  # tab completion shows the API only
+# __all__ and dir() are the names imported above as `name as name` (see tfdp_utils._lazy).
+__all__, __getattr__, __dir__ = surface(globals())

@@ -14,9 +14,11 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from tfdp_utils._public import public
 from tfdp_utils._validate import positive_float, positive_int
 
 
+@public("tfdp_utils.throughput")
 @dataclasses.dataclass(frozen=True)
 class ThroughputWindow:
     """Rates over one window between two updates of a :class:`ThroughputMeter`.
@@ -56,6 +58,7 @@ _Point = tuple[int, float, tuple[int, ...], int, tuple[int, ...]]
 """(step, time, examples, measured steps, measured examples) at one update."""
 
 
+@public("tfdp_utils")
 class ThroughputMeter:
     """Turns cumulative step / example counters and a clock into windowed rates.
 

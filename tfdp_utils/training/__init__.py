@@ -17,15 +17,11 @@ from typing import TYPE_CHECKING
 from tfdp_utils._lazy import surface
 
 if TYPE_CHECKING:
-    from tfdp_utils.training._accumulation import enable_gradient_accumulation
-    from tfdp_utils.training._step import DistributedTrainStep, make_distributed_train_step
+    from tfdp_utils.training._accumulation import (
+        enable_gradient_accumulation as enable_gradient_accumulation,
+    )
+    from tfdp_utils.training._step import DistributedTrainStep as DistributedTrainStep
+    from tfdp_utils.training._step import make_distributed_train_step as make_distributed_train_step
 
-_HOMES = {
-    "DistributedTrainStep": "tfdp_utils.training._step",
-    "enable_gradient_accumulation": "tfdp_utils.training._accumulation",
-    "make_distributed_train_step": "tfdp_utils.training._step",
-}
-
-__all__ = ["DistributedTrainStep", "enable_gradient_accumulation", "make_distributed_train_step"]
-
-__getattr__, __dir__ = surface(__name__, _HOMES, globals(), __all__)
+# __all__ and dir() are the names imported above as `name as name` (see tfdp_utils._lazy).
+__all__, __getattr__, __dir__ = surface(globals())

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tfdp_utils import _tf
+from tfdp_utils._public import public
 from tfdp_utils._tf import IS_KERAS3, keras, optimizer_batch_counter, tf
 from tfdp_utils._validate import positive_int
 from tfdp_utils.training import _mixed_precision as mixed_precision
@@ -123,6 +124,7 @@ class _FitState:
         return int(optimizer.iterations.numpy()) * self.steps + pending
 
 
+@public("tfdp_utils")
 def enable_gradient_accumulation(model: Any, accumulation_steps: int) -> Any:
     """Make tf_keras ``fit`` apply the optimizer once per ``accumulation_steps`` batches.
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
+from tfdp_utils._public import public
 from tfdp_utils._tf import IS_KERAS3, KERAS_FLAVOUR, distributed_variable, keras, tf
 from tfdp_utils._validate import positive_int
 from tfdp_utils._validate import strategy as check_strategy
@@ -164,6 +165,7 @@ def _add_to(gradient: Any, value: Any) -> Any:
     return gradient + tf.cast(value, gradient.dtype)
 
 
+@public("tfdp_utils")
 class DistributedTrainStep:
     """The step :func:`make_distributed_train_step` returns: ``step(distributed_batch) -> loss``.
 
@@ -389,6 +391,7 @@ def _check_setup(model: Any, optimizer: Any, strategy: Any, metrics: list[Any]) 
     # tf_keras creates its optimizer variables lazily in a merge_call, which works here.
 
 
+@public("tfdp_utils")
 def make_distributed_train_step(
     model: Any,
     *,

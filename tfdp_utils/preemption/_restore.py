@@ -1,0 +1,151 @@
+"""The restore path: where a prepared run starts, and the checkpoint read back at train begin.
+
+The latest good checkpoint in the directory (each read back whole, :mod:`._store`) is checked
+against this run (:mod:`._mismatch`) and gives the position and the shuffle seed; without one the
+run starts at ``initial_epoch``. A ``BackupAndRestore`` backup newer than it is followed instead
+(:mod:`._backups`). At train begin the weights and the optimizer state are read back.
+
+TensorFlow glue: a checkpoint's tensors are read with ``tf.train``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from tfdp_utils._tf import tf
+from tfdp_utils.cluster._topology import position_of
+from tfdp_utils.preemption import _arguments as arguments
+from tfdp_utils.preemption import _backups as backups
+from tfdp_utils.preemption import _mismatch as mismatch
+from tfdp_utils.preemption import _position as position
+from tfdp_utils.preemption import _store as store
+from tfdp_utils.preemption._run import Run
+from tfdp_utils.preemption._saving import KERAS
+
+logger = logging.getLogger("tfdp_utils")
+
+
+@dataclasses.dataclass(frozen=True)
+class Start:
+    """Where a prepared run starts, and from what.
+
+    Attributes:
+        facts: the dataset's facts (a checkpoint is checked against them, each save records them).
+        epoch: the epoch it starts in (0-based).
+        step: the steps of that epoch done.
+        seed: the shuffle seed of the run.
+        restore: the checkpoint read back at train begin (None: none, or a newer backup's state).
+        resumed_from: the folder of the checkpoint or backup it resumes from, or None.
+    """
+
+    facts: dict[str, Any]
+    epoch: int
+    step: int
+    seed: int | None
+    restore: store.Saved | None
+    resumed_from: str | None
+
+
+def check_variables(prefix: str) -> None:
+    """Read every saved tensor back: the index alone says nothing of the data files (a
+    truncated or overwritten data file fails only here, by its size or its checksum)."""
+    reader = tf.train.load_checkpoint(prefix)
+    for name in reader.get_variable_to_shape_map():
+        reader.get_tensor(name)
+
+
+def from_checkpoint(directory: str, resumable: Any, initial_epoch: Any) -> Start:
+    """The latest good checkpoint's position in ``directory``, checked against this run, or
+    the start (``initial_epoch``, a fresh seed where the dataset shuffles without one)."""
+    if position_of(resumable.strategy).is_chief:
+        store.clear_temporary(directory)  # the others' probes may be in use: chief only
+    latest = store.latest(directory, check_variables)
+    facts = resumable.facts()
+    if latest is not None:
+        mismatch.check_facts(latest, facts)
+        mismatch.check_flavour(latest, KERAS)
+        epoch, step = position.recorded(latest.state)
+        seed = mismatch.checked_seed(latest, resumable.recipe.seed)
+    else:
+        epoch, step = arguments.initial_epoch(initial_epoch), 0
+        seed = resumable.recipe.seed
+        if seed is None and resumable.shuffles:
+            seed = random.randrange(2**31)  # kept in every checkpoint of this run
+    resumed_from = latest.path if latest is not None else None
+    return Start(facts, epoch, step, seed, latest, resumed_from)
+
+
+def beside_backups(start: Start, beside: Sequence[Any], steps_per_epoch: int) -> Start:
+    """``start``, or the newest ``BackupAndRestore`` backup's position where it is newer."""
+    backup = backups.newest(beside, steps_per_epoch)
+    if backup is None:
+        return start
+    latest, spe = start.restore, steps_per_epoch
+    if backup.global_step(spe) > position.global_step(start.epoch, start.step, spe):
+        # BackupAndRestore's newer state is restored whole (its on_train_begin): the
+        # data and Keras' steps follow it, with this job's shuffle seed.
+        logger.warning(
+            "tfdp_utils: PreemptionCheckpoint follows BackupAndRestore's backup %s "
+            "(epoch %d, step %d of %d), newer than %s; its weights and optimizer state are "
+            "the ones restored.",
+            backup.path,
+            backup.epoch + 1,
+            backup.step,
+            spe,
+            f"the checkpoint {latest.path}" if latest is not None else "any checkpoint",
+        )
+        return dataclasses.replace(
+            start, epoch=backup.epoch, step=backup.step, restore=None, resumed_from=backup.path
+        )
+    if latest is not None:
+        logger.warning(
+            "tfdp_utils: PreemptionCheckpoint resumes from %s (epoch %d, step %d), not from "
+            "BackupAndRestore's older backup %s (epoch %d, step %d): the checkpoint's "
+            "weights, optimizer state and position are restored after the backup's.",
+            latest.path,
+            start.epoch + 1,
+            start.step,
+            backup.path,
+            backup.epoch + 1,
+            backup.step,
+        )
+    return start
+
+
+def prepared_run(directory: str, resumable: Any, start: Start) -> Run:
+    """The run of one ``fit`` call (or custom loop) at ``start``, on this worker."""
+    run = Run(
+        directory=directory,
+        facts=start.facts,
+        seed=start.seed,
+        steps_per_epoch=resumable.steps_per_epoch,
+        epoch=start.epoch,
+        done=start.step,
+        restore=start.restore,
+    )
+    run.strategy = resumable.strategy
+    worker = position_of(resumable.strategy)
+    run.worker, run.num_workers = worker.index, worker.num_workers
+    if start.restore is not None:
+        logger.warning(  # a resume changes what the run does: said at the default level
+            "tfdp_utils: PreemptionCheckpoint resumes from %s: epoch %d, step %d of %d.",
+            start.restore.path,
+            start.epoch + 1,
+            start.step,
+            resumable.steps_per_epoch,
+        )
+    return run
+
+
+def read_back(run: Run, model: Any, optimizer: Any) -> None:
+    """Give the run its checkpoint object; read the saved weights and optimizer state back
+    into ``model`` and ``optimizer`` when the run resumes from a checkpoint."""
+    run.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+    if run.restore is not None:
+        mismatch.check_optimizer(run.restore, type(optimizer).__name__)
+        mismatch.check_weights(run.restore, position.model_variables(model))
+        run.checkpoint.read(run.restore.variables).expect_partial()
