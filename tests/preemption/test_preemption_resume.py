@@ -194,6 +194,22 @@ def _run(
     return results
 
 
+_REFERENCES: dict[tuple[int, tuple[tuple[str, str], ...]], list[dict[str, Any]]] = {}
+
+
+def _reference(factory: pytest.TempPathFactory, workers: int, **env: str) -> list[dict[str, Any]]:
+    """The uninterrupted run of these settings, run once per module and shared by its tests:
+    with op determinism and seeded shuffles, a rerun is bit-identical."""
+    key = (workers, tuple(sorted(env.items())))
+    if key not in _REFERENCES:
+        folder = factory.mktemp("reference")
+        runs = _run(folder, "reference", folder / "job", workers, **env)
+        for log in runs:
+            assert log["status"] == 0, log["stderr"][-4000:]
+        _REFERENCES[key] = runs
+    return _REFERENCES[key]
+
+
 def _epoch_2_ids(stopped: list[dict[str, Any]], resumed: list[dict[str, Any]]) -> list[float]:
     """How often each id of epoch 2 was trained, over both runs and every worker."""
     # A resumed run that starts epoch 3 (stopped at epoch 2's end) trains none of epoch 2.
@@ -219,11 +235,9 @@ def test_the_exit_status_is_the_documented_one() -> None:
     ids=["1x2-replicas", "1x2-replicas-last-step", "2-workers-next-epoch"],
 )
 def test_a_notice_to_one_worker_stops_all_at_one_step_and_the_rerun_resumes_exactly(
-    tmp_path: Path, workers: int, batch: int
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, workers: int, batch: int
 ) -> None:
-    reference = _run(tmp_path, "reference", tmp_path / "reference", workers)
-    for log in reference:
-        assert log["status"] == 0, log["stderr"][-4000:]
+    reference = _reference(tmp_path_factory, workers)
     # Told after step `batch` of epoch 2: one process saves there (4: the resumed epoch starts
     # with its partial last step, cut 2 + 3 over the replicas); 2 workers after the next step
     # (4: at the end of the epoch, so that the resumed run starts epoch 3).
@@ -263,8 +277,10 @@ def test_a_notice_to_one_worker_stops_all_at_one_step_and_the_rerun_resumes_exac
     assert counts == sorted(counts)
 
 
-def test_a_killed_job_resumes_exactly_from_its_last_periodic_checkpoint(tmp_path: Path) -> None:
-    reference = _run(tmp_path, "reference", tmp_path / "reference", 1)
+def test_a_killed_job_resumes_exactly_from_its_last_periodic_checkpoint(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    reference = _reference(tmp_path_factory, 1)
     killed = _run(
         tmp_path,
         "killed",
@@ -285,10 +301,10 @@ def test_a_killed_job_resumes_exactly_from_its_last_periodic_checkpoint(tmp_path
 
 
 @pytest.mark.parametrize("workers", [1, 2], ids=["1x2-replicas", "2-workers"])
-def test_a_custom_loop_stops_and_resumes_exactly_too(tmp_path: Path, workers: int) -> None:
-    reference = _run(tmp_path, "reference", tmp_path / "reference", workers, JOB_LOOP="1")
-    for log in reference:
-        assert log["status"] == 0, log["stderr"][-4000:]
+def test_a_custom_loop_stops_and_resumes_exactly_too(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, workers: int
+) -> None:
+    reference = _reference(tmp_path_factory, workers, JOB_LOOP="1")
     for epoch in "012":  # each id once an epoch, over every worker
         assert np.sum([log["epochs"][epoch] for log in reference], axis=0).tolist() == [1.0] * 45
     told = {"JOB_SIGNAL_AT": json.dumps([1, 2, "SIGTERM"])}
@@ -309,9 +325,9 @@ def test_a_custom_loop_stops_and_resumes_exactly_too(tmp_path: Path, workers: in
 
 
 def test_one_worker_killed_without_notice_resumes_exactly_from_the_last_periodic_save(
-    tmp_path: Path,
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    reference = _run(tmp_path, "reference", tmp_path / "reference", 2)
+    reference = _reference(tmp_path_factory, 2)
     killed = _run(
         tmp_path,
         "killed",
@@ -343,13 +359,11 @@ def test_one_worker_killed_without_notice_resumes_exactly_from_the_last_periodic
     ids=["seed0-mixed-backup", "accumulation-mixed", "seed0-accumulation-backup"],
 )
 def test_two_workers_resume_exactly_under_users_settings(
-    tmp_path: Path, settings: dict[str, str]
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, settings: dict[str, str]
 ) -> None:
     # The interaction matrix's 2-worker cells (tests/interactions/ runs 1 process): global
     # seed 0, mixed precision, gradient accumulation and BackupAndRestore, crossed pairwise.
-    reference = _run(tmp_path, "reference", tmp_path / "reference", 2, **settings)
-    for log in reference:
-        assert log["status"] == 0, log["stderr"][-4000:]
+    reference = _reference(tmp_path_factory, 2, **settings)
     told = {"JOB_SIGNAL_AT": json.dumps([1, 1, "SIGTERM"])}
     stopped = _run(tmp_path, "stopped", tmp_path / "job", 2, told, **settings)
     for log in stopped:
