@@ -1,17 +1,19 @@
 """The suite's lanes, balanced by each test file's recorded seconds (used by scripts/test).
 
     python scripts/lanes.py split N        print N lanes, one line per (lane, flavour) pass:
-                                           "<lane> <keras3|tf_keras> <test files...>"
-    python scripts/lanes.py merge OUT IN.. merge the per-pass times IN (keras3-*.json,
-                                           tf_keras-*.json) into OUT
+                                           "<lane> <pure|keras3|tf_keras> <test files...>"
+    python scripts/lanes.py merge OUT IN.. merge the per-pass times IN (pure-*.json,
+                                           keras3-*.json, tf_keras-*.json) into OUT
 
 The seconds come from the last run on this machine (.pytest_cache/test-times.json, written by
 scripts/test after every full run) or, on a fresh clone, from the committed tests/test-times.json
-(`TFDP_TEST_RECORD=1 bash scripts/test` refreshes it). Every test file runs on Keras 3, and again
-on tf_keras when it marks tests `keras`. The files that share the session's 2-worker cluster
-(the `two_worker_phases` fixture) stay in one pass, which starts that cluster once. Passes are
-placed longest first on the lane that ends earliest; a file with no recorded time counts as
-the median of the recorded ones.
+(`TFDP_TEST_RECORD=1 bash scripts/test` refreshes it). The pure test modules run once, with
+TensorFlow refused (the plugin support.no_tensorflow, which is what
+tests/test_runs_without_tensorflow.py checks for a plain `pytest`; it is left out here). Every
+other test file runs on Keras 3, and again on tf_keras when it marks tests `keras`. The files
+that share the session's 2-worker cluster (the `two_worker_phases` fixture) stay in one pass,
+which starts that cluster once. Passes are placed longest first on the lane that ends earliest;
+a file with no recorded time counts as the median of the recorded ones.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RECORDED = ROOT / "tests" / "test-times.json"
 LAST_RUN = ROOT / ".pytest_cache" / "test-times.json"
-FLAVOURS = ("keras3", "tf_keras")
+FLAVOURS = ("pure", "keras3", "tf_keras")
+PURE_MARK = "pytestmark = pytest.mark.pure"
+REPLACED = "tests/test_runs_without_tensorflow.py"  # the pure pass does what it checks
 SHARED_CLUSTER = "two_worker_phases"
 
 
@@ -48,6 +52,8 @@ def _units(flavour: str, times: dict[str, float]) -> list[tuple[float, list[str]
     units: list[tuple[float, list[str]]] = []
     for path in _test_files():
         text = (ROOT / path).read_text()
+        if path == REPLACED or (PURE_MARK in text) != (flavour == "pure"):
+            continue
         if flavour == "tf_keras" and "mark.keras" not in text:
             continue
         if SHARED_CLUSTER in text:
