@@ -4,7 +4,7 @@ TensorFlow glue over the pure pieces of this package (:mod:`._signals`, :mod:`._
 callback takes part in the ``fit`` call it is passed to before Keras sees the call (through
 :class:`tfdp_utils.compat._fit_binding.FitCallAdapter`): it reads the latest checkpoint in its
 directory, checks that it was saved by the same training setup, and hands ``fit`` the builder
-dataset positioned at the saved step of the saved epoch (``tfdp_resumable``),
+dataset positioned at the saved step of the saved epoch (``tfdp.resumable``),
 ``steps_per_epoch`` and ``initial_epoch``; Keras' first epoch then starts at that step
 (:mod:`tfdp_utils.compat._resume_position`). At train begin the weights and the optimizer
 state (its step counter, slots, loss scale) are read back.
@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from tfdp_utils import _tf, _validate
+from tfdp_utils import _dataset_info, _tf, _validate
 from tfdp_utils._tf import keras, tf
 from tfdp_utils.cluster import _coordination as coordination
 from tfdp_utils.cluster._topology import position_of
@@ -360,7 +360,7 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
 
     @staticmethod
     def _resumable(x: Any, receiver: str = "fit") -> Any:
-        factory = getattr(x, "tfdp_resumable", None)
+        factory = _dataset_info.resumable_of(x)
         if factory is None:
             raise TypeError(
                 f"PreemptionCheckpoint resumes a dataset from tdu.build_distributed_dataset(), "
