@@ -47,7 +47,7 @@ dist = tdu.build_distributed_dataset(
     (x, x[:, :1]), global_batch_size=8, shuffle_buffer_size=2048, seed=1
 )
 steps = dist.tfdp_info.steps_per_epoch
-stream = dist.tfdp_resumable().at(0, 0, 1)
+stream = dist.tfdp.resumable().at(0, 0, 1)
 model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(16), keras.layers.Dense(1)])
 model.compile(optimizer="sgd", loss="mse")
 model.fit(dist, epochs=1, verbose=0)  # trace once

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tfdp_utils import _dataset_info as dataset_info
-from tfdp_utils._dataset_info import DatasetInfo, info_of
+from tfdp_utils._dataset_info import DatasetInfo, DatasetRecord, info_of
 from tfdp_utils.data._epochs import StepShape, dataset_info_for, plan_epochs
 
 pytestmark = pytest.mark.pure
@@ -183,9 +183,9 @@ class Holder:
 def test_info_of_reads_only_a_dataset_info() -> None:
     dataset = Holder()
     assert info_of(dataset) is None
-    dataset.tfdp_info = "not an info"  # type: ignore[attr-defined]
+    dataset.tfdp = DatasetRecord("not an info", plan=None)  # type: ignore[attr-defined, arg-type]
     assert info_of(dataset) is None
-    dataset.tfdp_info = EVEN  # type: ignore[attr-defined]
+    dataset.tfdp = DatasetRecord(EVEN, plan=None)  # type: ignore[attr-defined]
     assert info_of(dataset) is EVEN
 
 

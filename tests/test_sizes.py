@@ -20,12 +20,10 @@ MODULE_LINES = 500
 FUNCTION_LINES = 60
 
 OVER_MODULE_BUDGET = {
-    "data/_self_batched.py": 604,
-    "data/_builder.py": 593,
     "training/_step.py": 508,
 }
-"""Today's debt: lines, at most (to be cut at their seams). Two grew by the lines that name
-their public names' public module (``__module__``, see ``tfdp_utils._public``)."""
+"""Today's debt: lines, at most (to be cut at their seams). One grew by the lines that name
+its public names' public module (``__module__``, see ``tfdp_utils._public``)."""
 
 OVER_FUNCTION_BUDGET = {
     "cluster/_config.py:validate_cluster": 65,

@@ -1,7 +1,8 @@
 """What a distributed dataset from the builder holds, in exact counts, for whoever consumes it.
 
-Pure Python. :func:`tfdp_utils.build_distributed_dataset` attaches a :class:`DatasetInfo` to
-the dataset it returns (attribute ``tfdp_info``); ``fit`` hands the dataset it trains on to
+Pure Python. :func:`tfdp_utils.build_distributed_dataset` attaches one
+:class:`DatasetRecord` to the dataset it returns (attribute ``tfdp``): its :class:`DatasetInfo`,
+its plan, its input clock and how to build it again. ``fit`` hands the dataset it trains on to
 its callbacks (:mod:`tfdp_utils.compat._fit_binding`), so the throughput callbacks know the
 global batch size and the exact number of examples each replica receives in each step,
 partial last batch included, without extra arguments.
@@ -165,12 +166,6 @@ def last_strategy() -> Any:
     return None if ref is None else ref()
 
 
-def info_of(dataset: Any) -> DatasetInfo | None:
-    """The :class:`DatasetInfo` attached to a dataset from the builder, or None."""
-    info = getattr(dataset, "tfdp_info", None)
-    return info if isinstance(info, DatasetInfo) else None
-
-
 @dataclasses.dataclass(frozen=True)
 class StreamPosition:
     """Where a resumed builder dataset starts (``PreemptionCheckpoint``): its first element
@@ -188,7 +183,75 @@ class StreamPosition:
     built_from: DatasetInfo | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class DatasetRecord:
+    """What a dataset from the builder carries, as its one attribute ``tfdp``.
+
+    The plan, the clock and the factories are the data pillar's objects, which this floor
+    module does not import: they are typed loosely here and named below.
+
+    Attributes:
+        info: the exact shape of one epoch, for whoever consumes the dataset.
+        plan: the :class:`~tfdp_utils.ShardingPlan` it was built with.
+        input_clock: the :class:`~tfdp_utils.data._input_wait.InputClock` timing this
+            worker's fetches of the next batch; None on a plain ``tf.data.Dataset`` (the
+            default strategy, one device), whose iterators are not timed.
+        resumable: builds the :class:`~tfdp_utils.data._positioned.Resumable` that starts the
+            same data at a step of an epoch (``PreemptionCheckpoint``, one iterator per job;
+            it returns None where the epochs cannot be aligned); None where the dataset
+            cannot be positioned at all (the tf.data service, a source function that batches
+            itself, a stream already positioned).
+        rebuild_on_one_device: builds the same data again as one ``tf.data.Dataset``
+            (:func:`~tfdp_utils.single_device_dataset`); None for a positioned stream.
+        position: where a resumed stream starts; None for a dataset as the builder made it.
+        replaces: for the stream ``fit`` trains on instead of a builder dataset (one iterator
+            per job, :mod:`tfdp_utils.compat._one_iterator`), that dataset; None otherwise.
+    """
+
+    info: DatasetInfo
+    plan: Any
+    input_clock: Any = None
+    resumable: Callable[[], Any] | None = None
+    rebuild_on_one_device: Callable[[], Any] | None = None
+    position: StreamPosition | None = None
+    replaces: Any = None
+
+
+def carry(dataset: Any, record: DatasetRecord) -> Any:
+    """``dataset`` carrying ``record`` as ``dataset.tfdp``; the one place that sets it."""
+    dataset.tfdp = record
+    # Documented before the record existed (docs/data.md, docs/migrating.md,
+    # docs/scale-out.md), so kept for users: aliases of the record's fields, set only here
+    # and read by nothing in the package.
+    dataset.tfdp_info = record.info
+    dataset.tfdp_plan = record.plan
+    if record.input_clock is not None:
+        dataset.tfdp_input_clock = record.input_clock
+    return dataset
+
+
+def record_of(dataset: Any) -> DatasetRecord | None:
+    """The :class:`DatasetRecord` a dataset from the builder carries, or None."""
+    record = getattr(dataset, "tfdp", None)
+    return record if isinstance(record, DatasetRecord) else None
+
+
+def info_of(dataset: Any) -> DatasetInfo | None:
+    """The :class:`DatasetInfo` of a dataset from the builder, or None."""
+    record = record_of(dataset)
+    info = None if record is None else record.info
+    return info if isinstance(info, DatasetInfo) else None
+
+
+def resumable_of(dataset: Any) -> Callable[[], Any] | None:
+    """How to build a builder dataset from a step of an epoch (its record's ``resumable``),
+    or None."""
+    record = record_of(dataset)
+    return None if record is None else record.resumable
+
+
 def position_of_stream(dataset: Any) -> StreamPosition | None:
     """The :class:`StreamPosition` of a resumed builder dataset, or None."""
-    position = getattr(dataset, "tfdp_position", None)
+    record = record_of(dataset)
+    position = None if record is None else record.position
     return position if isinstance(position, StreamPosition) else None

@@ -347,6 +347,25 @@ def test_info_is_attached_type_kept_and_fit_checks_installed() -> None:
     assert not hasattr(dataset_info, "last_iterated")
 
 
+def test_the_dataset_carries_one_record_and_the_documented_aliases() -> None:
+    strategy = _mirrored(2)
+    dist = build_distributed_dataset(np.arange(8), strategy=strategy, global_batch_size=4)
+    record = dist.tfdp
+    assert isinstance(record, dataset_info.DatasetRecord)
+    assert record.info.steps_per_epoch == 2 and record.plan.policy == "off"
+    # docs/data.md, docs/migrating.md and docs/scale-out.md name these three.
+    assert dist.tfdp_info is record.info and dist.tfdp_plan is record.plan
+    assert dist.tfdp_input_clock is record.input_clock is not None
+    assert callable(record.resumable) and callable(record.rebuild_on_one_device)
+    assert record.position is None and record.replaces is None
+    # The loose attributes the record replaces are gone.
+    for name in ("tfdp_resumable", "tfdp_position", "_tfdp_rebuild_on_one_device"):
+        assert not hasattr(dist, name), name
+    stream = record.resumable().at(1, 1, 3)
+    assert stream.tfdp.position == dataset_info.StreamPosition(1, 1, built_from=record.info)
+    assert stream.tfdp.resumable is None and stream.tfdp.rebuild_on_one_device is None
+
+
 def test_cardinality_is_the_step_count() -> None:
     strategy = _mirrored(2)
     dist = build_distributed_dataset(np.arange(13), strategy=strategy, global_batch_size=6)

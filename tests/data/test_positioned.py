@@ -87,7 +87,7 @@ def test_the_positioned_stream_is_the_same_under_every_global_seed(
             seed=3,
             **build,
         )
-        resumable = dist.tfdp_resumable()
+        resumable = dist.tfdp.resumable()
         whole = _steps(resumable.at(1, 0, 3), strategy, 5)
         from_step_2 = _steps(resumable.at(1, 2, 3), strategy, 3)
         assert from_step_2 == whole[2:], f"global seed {seed}: step 2 on is not the epoch's"

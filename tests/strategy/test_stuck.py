@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tfdp_utils._dataset_info import DatasetInfo, DatasetRecord
 from tfdp_utils.strategy._faults import CollectiveWatchdog
 from tfdp_utils.strategy._phase_board import GaveUp, PeerNews, PhaseBoard
 from tfdp_utils.strategy._phase_tracker import PhaseTracker, fit_facts
@@ -179,15 +180,18 @@ def test_frames_tell_a_tensorflow_call_from_python(parked):
     assert seen.kind == "python" and seen.where.startswith("Condition.wait in threading.py")
 
 
+EVEN = DatasetInfo(global_batch_size=4, per_replica_batch_size=2, num_replicas_in_sync=2)
+
+
 def test_fit_facts_on_real_frames(parked):
-    data = type("Data", (), {"tfdp_input_clock": Clock(12, 11)})()
+    data = type("Data", (), {"tfdp": DatasetRecord(EVEN, plan=None, input_clock=Clock(12, 11))})()
 
     def run(release: threading.Event) -> None:
         Model(11).fit(data, release, quick_execute)
 
     frame = _innermost_user_frame(parked(run), "quick_execute")
     assert fit_facts(frame) == StepFacts(finished=11, input_waits_for=12)
-    data.tfdp_input_clock.value = Progress(12, 12, 3.0)
+    data.tfdp.input_clock.value = Progress(12, 12, 3.0)
     assert fit_facts(frame) == StepFacts(finished=11)
     # No fit on the stack: nothing known.
     assert fit_facts(_innermost_user_frame(parked(quick_execute), "quick_execute")) == StepFacts()

@@ -15,7 +15,7 @@ resumes from):
 * each epoch is shuffled with its own seed (the dataset's seed, or one drawn for this ``fit``,
   plus the epoch), so the order still changes every epoch;
 * callbacks still receive the dataset the user passed (``ThroughputLogger`` counts with its
-  ``tfdp_info``: the stream's epochs have the same steps and partial last step).
+  ``tfdp.info``: the stream's epochs have the same steps and partial last step).
 
 Only where the swap changes nothing else: ``fit`` (not ``evaluate``/``predict``: one pass per
 call) over two or more epochs, on a builder dataset that ends each epoch and whose epochs can
@@ -42,13 +42,14 @@ off.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import random
 import warnings
 from collections.abc import Callable
 from typing import Any
 
-from tfdp_utils._dataset_info import DatasetInfo, info_of, position_of_stream
+from tfdp_utils._dataset_info import DatasetInfo, carry, info_of, position_of_stream, record_of
 from tfdp_utils._tf import IS_KERAS3
 from tfdp_utils.compat._registry import (
     REGISTRY,
@@ -77,9 +78,6 @@ CHANGE = RuntimeChange(
     "does)",
     undoable=True,
 )
-
-_STREAM = "_tfdp_fit_stream"
-"""Attribute of a stream made for a ``fit`` (the dataset the user passed)."""
 
 
 def installed() -> bool:
@@ -178,7 +176,7 @@ def swap_for_stream(model: Any, arguments: dict[str, Any]) -> bool:
     info = info_of(x)
     if not installed() or info is None or isinstance(x, tf.data.Dataset):
         return False
-    if position_of_stream(x) is not None or getattr(x, _STREAM, None) is not None:
+    if position_of_stream(x) is not None or _replaced(x) is not None:
         return False  # already a stream (PreemptionCheckpoint's, or this change's)
     initial_epoch = _as_int(arguments.get("initial_epoch"), 0)
     steps = whole_job_steps(
@@ -188,8 +186,9 @@ def swap_for_stream(model: Any, arguments: dict[str, Any]) -> bool:
         initial_epoch=initial_epoch,
         steps_per_execution=_steps_per_execution(model),
     )
-    factory = getattr(x, "tfdp_resumable", None)
-    if steps is None or not callable(factory) or initial_epoch < 0:
+    record = record_of(x)
+    factory = None if record is None else record.resumable
+    if record is None or steps is None or not callable(factory) or initial_epoch < 0:
         return False
     resumable = factory()
     if resumable is None or resumable.steps_per_epoch != steps:
@@ -198,12 +197,12 @@ def swap_for_stream(model: Any, arguments: dict[str, Any]) -> bool:
     if seed is None and resumable.shuffles:
         seed = random.randrange(2**31)  # as the dataset, a new order every run
     stream = resumable.epochs_from(initial_epoch, seed)
-    setattr(stream, _STREAM, x)
-    # Its waits for input count on the dataset the callbacks receive (ThroughputLogger, the
-    # stuck-worker diagnosis read that dataset's clock).
-    clock = getattr(x, "tfdp_input_clock", None)
-    if clock is not None:
-        stream.tfdp_input_clock = clock
+    own = record_of(stream)
+    if own is not None:  # always: the stream is attached as the builder's datasets are
+        # Its waits for input count on the dataset the callbacks receive (ThroughputLogger,
+        # the stuck-worker diagnosis read that dataset's clock).
+        clock = own.input_clock if record.input_clock is None else record.input_clock
+        carry(stream, dataclasses.replace(own, input_clock=clock, replaces=x))
     arguments["x"] = stream
     arguments["steps_per_epoch"] = steps
     return True
@@ -244,11 +243,18 @@ def quiet_end_of_data(method: str, arguments: dict[str, Any]) -> Any:
     return stack
 
 
+def _replaced(dataset: Any) -> Any:
+    """The dataset a stream made for a ``fit`` stands in for (the one the user passed), or
+    None for any other dataset."""
+    record = record_of(dataset)
+    return None if record is None else record.replaces
+
+
 def spec_batch(epoch_iterator: Any) -> Any:
     """One replica's element spec of the stream Keras 3's ``epoch_iterator`` reads, or None
     when it reads anything else."""
     dataset: Any = getattr(epoch_iterator, "_distributed_dataset", None)
-    if getattr(dataset, _STREAM, None) is None:
+    if _replaced(dataset) is None:
         return None
     from tfdp_utils._tf import tf
 

@@ -1,8 +1,9 @@
 """The builder's arguments, checked where they enter: one message form (received, expected, fix).
 
-:func:`validate_call` checks everything that needs no look at the source and returns it as a
-:class:`BuilderCall`; the batch size, ``map_fn`` and the strategy in scope have their own
-checks here, used once the source is known.
+:func:`validate_call` checks everything that needs no look at the source and returns the whole
+call as one :class:`BuilderCall`, which the later phases receive instead of the arguments; the
+batch size, ``map_fn`` and the strategy in scope have their own checks here, used once the
+source is known.
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ from tfdp_utils._tf import tf
 from tfdp_utils._validate import boolean, positive_int
 from tfdp_utils._validate import strategy as check_strategy
 from tfdp_utils.batching import split_batch_size
+from tfdp_utils.data._elements import check_element
 from tfdp_utils.data._epochs import Repeat, check_repeat
 from tfdp_utils.data._sharding import check_policy
-from tfdp_utils.data.service._modes import check_service
+from tfdp_utils.data.service._modes import ServiceConfig, check_service
 
 logger = logging.getLogger("tfdp_utils")
 
@@ -111,51 +113,130 @@ def check_map_fn(map_fn: Any, element_spec: Any) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class BuilderCall:
-    """The builder's arguments once checked (everything the later phases read)."""
+    """One call of :func:`~tfdp_utils.build_distributed_dataset`: every argument, checked
+    where it can be without a look at the source (:func:`validate_call`, once at entry), and
+    passed down whole.
 
+    Attributes:
+        source: the source as given.
+        strategy: the strategy that trains (the one in scope for ``strategy=None``).
+        global_batch_size: as given; checked once the source's batches are known.
+        per_replica_batch_size: as given; checked with ``global_batch_size``.
+        shard_policy: as given (a known policy; the planner reads its spelling).
+        map_fn: as given; checked against the elements once they are known.
+        reader: ``path -> tf.data.Dataset`` (``tf.data.TFRecordDataset`` for None).
+        shuffle_buffer_size: a positive buffer size, or None (no shuffle).
+        seed: a seed >= 0, or None.
+        repeat: ``False``, ``True`` or ``"epochs"``.
+        cache: True (in memory), False, or a file prefix.
+        drop_remainder: whether to drop the examples that do not fill a step.
+        prefetch: whether to prefetch with AUTOTUNE.
+        data_options: the ``tf.data.Options`` given as ``options``, or None.
+        input_options: the ``tf.distribute.InputOptions`` given as ``options``, or None.
+        count_examples: whether to count the examples of file sources.
+        service: the tf.data service (from ``service``, ``service_mode`` and
+            ``service_timeout``), or None.
+        element: ``"example"``, ``"batch"`` or ``"auto"``.
+        example_options: the options given that act on single examples, as
+            ``(argument name, value as given)``, in the order a source function that batches
+            itself refuses them.
+    """
+
+    source: Any
     strategy: Any
+    global_batch_size: int | None
+    per_replica_batch_size: int | None
+    shard_policy: str
+    map_fn: Callable[..., Any] | None
+    reader: Callable[[Any], Any]
+    shuffle_buffer_size: int | None
     seed: int | None
+    repeat: Repeat
     cache: bool | str
     drop_remainder: bool
     prefetch: bool
-    count_examples: bool
-    service: Any
-    shuffle_buffer_size: int | None
     data_options: Any
     input_options: Any
-    reader: Callable[[Any], Any]
-    repeat: Repeat
+    count_examples: bool
+    service: ServiceConfig | None
+    element: str
+    example_options: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def distributed_epoch(self) -> bool:
+        """Whether the tf.data service hands out the epoch's batches dynamically."""
+        return self.service is not None and self.service.mode == "distributed_epoch"
 
 
-def validate_call(arguments: Mapping[str, Any]) -> BuilderCall:
-    """Check every argument that needs no look at the source; raise with the fix."""
-    strategy = arguments["strategy"]
+def validate_call(
+    source: Any,
+    *,
+    strategy: Any,
+    global_batch_size: Any,
+    per_replica_batch_size: Any,
+    shard_policy: Any,
+    map_fn: Any,
+    reader: Any,
+    shuffle_buffer_size: Any,
+    seed: Any,
+    repeat: Any,
+    cache: Any,
+    drop_remainder: Any,
+    prefetch: Any,
+    options: Any,
+    count_examples: Any,
+    service: Any,
+    service_mode: Any,
+    service_timeout: Any,
+    element: Any,
+) -> BuilderCall:
+    """The builder's arguments as one :class:`BuilderCall`: every argument that needs no look
+    at the source is checked here, raising with the fix."""
     if strategy is not None:
         check_strategy(strategy)
-    seed = arguments["seed"]
     if seed is not None:
         seed = positive_int(seed, "seed", minimum=0, hint="Pass an integer seed such as 42.")
-    shuffle_buffer_size = arguments["shuffle_buffer_size"]
+    checked_buffer = shuffle_buffer_size
     if shuffle_buffer_size is not None:
-        shuffle_buffer_size = positive_int(shuffle_buffer_size, "shuffle_buffer_size")
-    service = check_service(
-        arguments["service"], arguments["service_mode"], arguments["service_timeout"]
+        checked_buffer = positive_int(shuffle_buffer_size, "shuffle_buffer_size")
+    config = check_service(service, service_mode, service_timeout)
+    check_policy(shard_policy)
+    data_options, input_options = split_options(options)
+    resolved = strategy_or_default(strategy)
+    checked_cache = check_cache(cache)
+    checked_drop = boolean(drop_remainder, "drop_remainder")
+    checked_prefetch = boolean(prefetch, "prefetch")
+    checked_count = boolean(count_examples, "count_examples")
+    checked_reader = check_reader(reader)
+    checked_repeat = check_repeat(repeat)
+    given = (
+        ("map_fn", map_fn),
+        ("shuffle_buffer_size", shuffle_buffer_size),
+        ("cache", cache),
+        ("drop_remainder", drop_remainder),
     )
-    check_policy(arguments["shard_policy"])
-    data_options, input_options = split_options(arguments["options"])
     return BuilderCall(
-        strategy=strategy_or_default(strategy),
+        source=source,
+        strategy=resolved,
+        global_batch_size=global_batch_size,
+        per_replica_batch_size=per_replica_batch_size,
+        shard_policy=shard_policy,
+        map_fn=map_fn,
+        reader=checked_reader,
+        shuffle_buffer_size=checked_buffer,
         seed=seed,
-        cache=check_cache(arguments["cache"]),
-        drop_remainder=boolean(arguments["drop_remainder"], "drop_remainder"),
-        prefetch=boolean(arguments["prefetch"], "prefetch"),
-        count_examples=boolean(arguments["count_examples"], "count_examples"),
-        service=service,
-        shuffle_buffer_size=shuffle_buffer_size,
+        repeat=checked_repeat,
+        cache=checked_cache,
+        drop_remainder=checked_drop,
+        prefetch=checked_prefetch,
         data_options=data_options,
         input_options=input_options,
-        reader=check_reader(arguments["reader"]),
-        repeat=check_repeat(arguments["repeat"]),
+        count_examples=checked_count,
+        service=config,
+        element=check_element(element),
+        example_options=tuple(
+            (name, value) for name, value in given if value is not None and value is not False
+        ),
     )
 
 

@@ -1,7 +1,8 @@
 """Attaching a built dataset's info, its epoch's steps and its input clock.
 
-:func:`attach` sets ``tfdp_info``, ``tfdp_plan`` and ``tfdp_input_clock`` (an
-:class:`~tfdp_utils.data._input_wait.InputClock`) on the distributed dataset and swaps its class
+:func:`attach` gives the distributed dataset its one record, ``tfdp`` (a
+:class:`~tfdp_utils._dataset_info.DatasetRecord`: its info, its plan, an
+:class:`~tfdp_utils.data._input_wait.InputClock`, how to build it again) and swaps its class
 for a same-named subclass whose ``cardinality`` (where the class has one) is the builder's step
 count, which Keras 3 takes as the epoch's steps, and whose iterators time each worker's fetch of
 the next batch with that clock. It also
@@ -18,7 +19,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from tfdp_utils._dataset_info import DatasetInfo
+from tfdp_utils._dataset_info import DatasetInfo, DatasetRecord, StreamPosition, carry, info_of
 from tfdp_utils.compat import _changes as compat_changes
 from tfdp_utils.data import _input_wait as input_wait
 from tfdp_utils.data._sharding import ShardingPlan
@@ -43,8 +44,8 @@ def _steps_cardinality(fget: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
     def cardinality(self: Any) -> Any:
         value = fget(self)
-        info = getattr(self, "tfdp_info", None)
-        if not isinstance(info, DatasetInfo) or int(value) == _INFINITE_CARDINALITY:
+        info = info_of(self)
+        if info is None or int(value) == _INFINITE_CARDINALITY:
             return value
         # Known counts give the steps even where TensorFlow cannot tell (a step cut into
         # replica batches by unbatch has unknown cardinality).
@@ -94,14 +95,40 @@ def _host_device(dist: Any) -> str | None:
     return str(devices[0]) if devices else None
 
 
-def attach(dist: Any, info: DatasetInfo, plan: ShardingPlan) -> Any:
-    """``dist`` with ``tfdp_info`` and ``tfdp_plan`` set and its epoch's step count."""
-    dist.tfdp_info = info
-    dist.tfdp_plan = plan
+def attach(
+    dist: Any,
+    info: DatasetInfo,
+    plan: ShardingPlan,
+    *,
+    resumable: Callable[[], Any] | None = None,
+    rebuild_on_one_device: Callable[[], Any] | None = None,
+    position: StreamPosition | None = None,
+) -> Any:
+    """``dist`` carrying its record (``dist.tfdp``) and its epoch's step count.
+
+    Args:
+        dist: the distributed dataset (a ``tf.data.Dataset`` under the default strategy).
+        info: its :class:`~tfdp_utils._dataset_info.DatasetInfo`.
+        plan: the :class:`~tfdp_utils.data._sharding.ShardingPlan` it was built with.
+        resumable: builds its :class:`~tfdp_utils.data._positioned.Resumable`, where it has
+            one. Defaults to `None`.
+        rebuild_on_one_device: builds it again for one device. Defaults to `None`.
+        position: where it starts, for a resumed stream. Defaults to `None`.
+    """
+    clock = None
     if input_wait.can_time(type(dist)):  # a tf.distribute dataset (not a plain tf.data one)
-        dist.tfdp_input_clock = input_wait.InputClock(_host_device(dist))
+        clock = input_wait.InputClock(_host_device(dist))
+    record = DatasetRecord(
+        info,
+        plan,
+        input_clock=clock,
+        resumable=resumable,
+        rebuild_on_one_device=rebuild_on_one_device,
+        position=position,
+    )
+    carry(dist, record)
     # fit/evaluate/predict check the dataset and hand it to callbacks; on tf_keras they also
-    # take the epoch's steps from tfdp_info, as Keras 3 does.
+    # take the epoch's steps from the dataset's info, as Keras 3 does.
     compat_changes.prepare_for_datasets(applied_by=_BUILDER)
     steps_class = _steps_class(type(dist))
     if steps_class is not type(dist):

@@ -1,144 +1,49 @@
 """The builder: ``build_distributed_dataset`` and ``plan_sharding``, the public entry points.
 
-Each call runs the same short sequence: validate the arguments, gather facts about the
-source (:mod:`~tfdp_utils.data._sources`), plan (:mod:`~tfdp_utils.data._sharding`,
-:mod:`~tfdp_utils.data._epochs`), log the diagnosis (:mod:`~tfdp_utils.data._diagnostics`),
-build the pipeline (:mod:`~tfdp_utils.data._pipeline`) inside the strategy and attach its
-info (:mod:`~tfdp_utils.data._attach`).
+Each call runs the same short sequence: check the arguments into one call record
+(:mod:`~tfdp_utils.data._arguments`), examine the source once
+(:mod:`~tfdp_utils.data._examine`), plan (:mod:`~tfdp_utils.data._call_plan`, over
+:mod:`~tfdp_utils.data._sharding` and :mod:`~tfdp_utils.data._epochs`) and log the diagnosis,
+build the pipeline (:mod:`~tfdp_utils.data._pipeline`) inside the strategy, and attach the
+dataset's record (:mod:`~tfdp_utils.data._attach`). A function that batches itself goes its own
+way after the look (:mod:`~tfdp_utils.data._self_batched`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from tfdp_utils._dataset_info import DatasetInfo
 from tfdp_utils._tf import tf
-from tfdp_utils._validate import boolean, positive_int
-from tfdp_utils.cluster._topology import position_of
-from tfdp_utils.data import _elements as element_kinds
+from tfdp_utils._validate import positive_int
+from tfdp_utils.cluster._topology import WorkerPosition, position_of
 from tfdp_utils.data import _self_batched as self_batched
-from tfdp_utils.data import _single_device as single_device
 from tfdp_utils.data._arguments import (
     BuilderCall,
-    check_map_fn,
     check_reader,
     per_replica_size,
-    split_options,
     strategy_or_default,
     validate_call,
 )
 from tfdp_utils.data._attach import attach
-from tfdp_utils.data._diagnostics import BuildFacts, Finding, diagnose
-from tfdp_utils.data._epochs import (
-    Repeat,
-    StepShape,
-    check_epochs_aligned,
-    check_repeat,
-    dataset_info_for,
-    needs_element_check,
-    plan_epochs,
-)
+from tfdp_utils.data._call_plan import CallPlan, check_elements, log_findings, plan_call, step_shape
+from tfdp_utils.data._epochs import dataset_info_for, plan_epochs
+from tfdp_utils.data._examine import ExaminedSource, examine_source
 from tfdp_utils.data._pipeline import Recipe, global_dataset, per_worker_dataset
 from tfdp_utils.data._positioned import Resumable, resumable
 from tfdp_utils.data._sharding import (
     ShardingPlan,
-    SourceFacts,
     check_policy,
     plan_from_facts,
     shuffle_seed,
 )
-from tfdp_utils.data._sources import (
-    array_length,
-    cardinality,
-    dense_only,
-    gather_facts,
-    reader_dataset,
-    source_kind,
-)
+from tfdp_utils.data._single_device import on_one_device
+from tfdp_utils.data._sources import gather_facts
 from tfdp_utils.data.service._modes import check_service, service_plan
 from tfdp_utils.data.service._modes import distribute as distribute_with_service
-
-logger = logging.getLogger("tfdp_utils")
-
-
-# ----------------------------------------------------------------------- gathering facts
-
-
-def _gather(
-    source: Any,
-    *,
-    shard_policy: str,
-    reader: Callable[[Any], Any],
-    count_examples: bool,
-    elements: element_kinds.SourceElements = element_kinds.EXAMPLES,
-) -> tuple[Any, SourceFacts]:
-    """The source as the pipeline reads it (arrays a Dataset, batches unbatched), its facts."""
-    kind = source_kind(source)
-    if kind == "arrays":
-        array_length(source)
-        dataset = tf.data.Dataset.from_tensor_slices(source)
-        return dataset, SourceFacts("arrays", num_examples=cardinality(dataset))
-    if kind == "dataset":
-        source = element_kinds.examples_of(source, elements)
-    facts = gather_facts(
-        source, shard_policy=shard_policy, reader=reader, count_examples=count_examples
-    )
-    return source, facts
-
-
-@dataclasses.dataclass(frozen=True)
-class _Elements:
-    """The source's elements as the pipeline reads them (arrays already a Dataset)."""
-
-    source: Any
-    facts: SourceFacts
-    reader: Callable[[Any], Any]
-    map_fn: Callable[..., Any] | None
-
-    def spec(self, plan: ShardingPlan, index: int) -> Any:
-        """One unbatched element's spec as worker ``index`` reads it; None for a function."""
-        if self.facts.kind == "function":
-            return None
-        if self.facts.kind != "files":
-            return self.source.element_spec
-        own = plan.files_per_worker[index]
-        path = own[0] if own else self.facts.files[0]
-        return reader_dataset(self.reader, path).element_spec
-
-    def mapped_dense(self, element_spec: Any) -> bool:
-        """Whether the elements as batched (after ``map_fn``) are all dense tensors."""
-        if self.map_fn is None:
-            return dense_only(element_spec)
-        facts = self.facts
-        read = reader_dataset(self.reader, facts.files[0]) if facts.kind == "files" else self.source
-        return dense_only(read.map(self.map_fn).element_spec)
-
-    def check(
-        self, plan: ShardingPlan, index: int, repeat: Repeat, drop_remainder: bool, shape: StepShape
-    ) -> bool | None:
-        """Check ``map_fn`` against the elements; say whether they batch dense, if it matters.
-
-        Returns:
-            Whether the mapped elements are all dense, or None when the epoch plan does not
-            depend on it (see :func:`~tfdp_utils.data._epochs.needs_element_check`).
-        """
-        element_spec = self.spec(plan, index)
-        if element_spec is not None:
-            check_map_fn(self.map_fn, element_spec)
-        needed = needs_element_check(
-            plan.examples_per_worker,
-            repeat=repeat,
-            replicas_per_worker=shape.replicas_per_worker,
-            drop_remainder=drop_remainder,
-        )
-        return self.mapped_dense(element_spec) if needed else None
-
-
-# -------------------------------------------------------------------------- the builders
 
 
 def plan_sharding(
@@ -325,9 +230,10 @@ def build_distributed_dataset(
 
     Returns:
         A ``tf.distribute.DistributedDataset`` (a ``tf.data.Dataset`` under the default
-        strategy) with attributes ``tfdp_info`` (a :class:`~tfdp_utils.DatasetInfo`) and
-        ``tfdp_plan`` (a :class:`ShardingPlan`). Iterating it records the info for the
-        throughput callbacks.
+        strategy) carrying its record ``tfdp``: ``tfdp.info`` (a
+        :class:`~tfdp_utils.DatasetInfo`), ``tfdp.plan`` (a :class:`ShardingPlan`), its input
+        clock and how to build it again; ``tfdp_info`` and ``tfdp_plan`` are the same two
+        objects. Iterating it records the info for the throughput callbacks.
 
     Raises:
         ValueError: both or neither batch size; a global size not divisible by, or smaller
@@ -345,33 +251,45 @@ def build_distributed_dataset(
         >>> dist.tfdp_info.steps_per_epoch
         3
     """
-    arguments = dict(locals())  # the call, kept for single_device_dataset()
-    call = validate_call(arguments)
+    call = validate_call(
+        source,
+        strategy=strategy,
+        global_batch_size=global_batch_size,
+        per_replica_batch_size=per_replica_batch_size,
+        shard_policy=shard_policy,
+        map_fn=map_fn,
+        reader=reader,
+        shuffle_buffer_size=shuffle_buffer_size,
+        seed=seed,
+        repeat=repeat,
+        cache=cache,
+        drop_remainder=drop_remainder,
+        prefetch=prefetch,
+        options=options,
+        count_examples=count_examples,
+        service=service,
+        service_mode=service_mode,
+        service_timeout=service_timeout,
+        element=element,
+    )
+    return build_call(call)
+
+
+def build_call(call: BuilderCall) -> Any:
+    """The dataset of a checked call: examine the source, plan, build, attach the record."""
     position = position_of(call.strategy)
     replicas = int(call.strategy.num_replicas_in_sync)
-    # What the source's elements are: examples, or batches (self_batched).
-    batches, source = self_batched.inspect_source(
-        source,
-        element_kinds.check_element(element),
-        kind=source_kind(source),
-        context=tf.distribute.InputContext(position.num_workers, position.index, replicas),
-    )
-    if batches.kind == "batch" and source_kind(source) == "function":
-        return _function_batches(call.strategy, source, batches, arguments)
-    global_batch_size = element_kinds.batch_size_of_batches(
-        batches, global_batch_size, per_replica_batch_size
-    )
-    per_replica = per_replica_size(
-        global_batch_size, per_replica_batch_size, replicas, call.strategy
-    )
-    _log(element_kinds.element_findings(batches, per_replica * replicas))
-    shape = StepShape(per_replica, replicas, position.num_workers)
-    planned = _plan_call(call, source, batches, shape, position.index, shard_policy, map_fn)
-    dist = _build_call(call, planned, raw_source=source, map_fn=map_fn)
+    context = tf.distribute.InputContext(position.num_workers, position.index, replicas)
+    source = examine_source(call, context)
+    if source.batches_itself:
+        return _function_batches(call, source, position)
+    shape = step_shape(call, source, position)
+    planned = plan_call(call, source, shape, position.index)
+    dist = _distribute(call, planned)
     info = dataset_info_for(
-        planned.epochs, shape, repeat=call.repeat, infinite=planned.facts.infinite
+        planned.epochs, shape, repeat=call.repeat, infinite=planned.source.facts.infinite
     )
-    if call.service is not None and call.service.mode == "distributed_epoch":
+    if call.distributed_epoch:
         # The service hands out its batches dynamically: how many steps, and what each
         # replica's last one holds, is known only once the epoch has ended.
         info = dataclasses.replace(
@@ -381,110 +299,40 @@ def build_distributed_dataset(
             "each step is counted as a full global batch, and an epoch's last steps can be "
             "partial or extra",
         )
-    dist = single_device.remember(
-        attach(dist, info, planned.plan),
-        arguments,
-        self_batching=False,
-        rebuild=build_distributed_dataset,
-    )
+    positioned = None
     if call.service is None:
         # Asked for by PreemptionCheckpoint only: planning aligned epochs can read an element.
-        dist.tfdp_resumable = functools.partial(_resumable, call, planned, map_fn, info)
-    return dist
-
-
-@dataclasses.dataclass(frozen=True)
-class _Planned:
-    """What the planning phase decided: the source as read, its facts, the plan, the epochs."""
-
-    source: Any
-    facts: SourceFacts
-    plan: ShardingPlan
-    epochs: Any
-    shape: StepShape
-    elements: Any = None
-    worker_index: int = 0
-
-
-def _plan_call(
-    call: BuilderCall,
-    source: Any,
-    batches: element_kinds.SourceElements,
-    shape: StepShape,
-    worker_index: int,
-    shard_policy: str,
-    map_fn: Callable[..., Any] | None,
-) -> _Planned:
-    """Gather facts about the source, plan sharding and epochs, and log the diagnosis."""
-    source, facts = _gather(
-        source,
-        shard_policy=shard_policy,
-        reader=call.reader,
-        count_examples=call.count_examples,
-        elements=batches,
-    )
-    plan = plan_from_facts(
-        facts,
-        shard_policy=shard_policy,
-        num_workers=shape.num_workers,
-        per_replica_batch_size=shape.per_replica_batch_size,
-        replicas_per_worker=shape.replicas_per_worker,
-        drop_remainder=call.drop_remainder,
-    )
-    if call.service is not None:
-        plan = service_plan(plan, call.service, cache=call.cache)
-    elements = _Elements(source, facts, call.reader, map_fn)
-    dense = elements.check(plan, worker_index, call.repeat, call.drop_remainder, shape)
-    epochs = plan_epochs(
-        plan.examples_per_worker,
-        shape,
-        drop_remainder=call.drop_remainder,
-        repeat=call.repeat,
-        dense=dense,
-    )
-    if not call.repeat:
-        _check_not_empty_by_dropping(epochs, shape, drop_remainder=call.drop_remainder)
-    check_epochs_aligned(
-        epochs,
-        repeat=call.repeat,
-        source_kind=facts.kind,
-        infinite=facts.infinite,
-        distributed_epoch=call.service is not None and call.service.mode == "distributed_epoch",
-    )
-    diagnosis = BuildFacts(
-        plan,
-        facts,
-        epochs,
-        shape,
-        shuffling=call.shuffle_buffer_size is not None,
-        seed=call.seed,
-        repeat=call.repeat,
-        drop_remainder=call.drop_remainder,
-    )
-    _log(diagnose(diagnosis))
-    return _Planned(source, facts, plan, epochs, shape, elements, worker_index)
-
-
-def _build_call(
-    call: BuilderCall, planned: _Planned, *, raw_source: Any, map_fn: Callable[..., Any] | None
-) -> Any:
-    """The pipeline, inside the strategy (through the tf.data service when asked)."""
-    recipe = _recipe(call, planned, map_fn)
-    if call.service is None:
-        return _distribute(call.strategy, recipe, planned.source, call.input_options)
-    # Arrays stay arrays for the service, which splits each trainer's share itself.
-    return distribute_with_service(
-        call.strategy, recipe, planned.source, raw_source, call.input_options, call.service
+        positioned = functools.partial(_resumable, call, planned, info)
+    one_device = on_one_device(call, info, self_batching=False)
+    return attach(
+        dist,
+        info,
+        planned.plan,
+        resumable=positioned,
+        rebuild_on_one_device=functools.partial(build_call, one_device),
     )
 
 
-def _recipe(call: BuilderCall, planned: _Planned, map_fn: Callable[..., Any] | None) -> Recipe:
+def _function_batches(call: BuilderCall, source: ExaminedSource, position: WorkerPosition) -> Any:
+    """A ``fn(input_context)`` source that batches itself: its batches go to the replicas."""
+    dist, info, plan, findings = self_batched.distribute_function_batches(
+        call, source, num_workers=position.num_workers, worker_index=position.index
+    )
+    log_findings(findings)
+    one_device = on_one_device(call, info, self_batching=True)
+    return attach(dist, info, plan, rebuild_on_one_device=functools.partial(build_call, one_device))
+
+
+# ------------------------------------------------------------------------- the pipeline
+
+
+def _recipe(call: BuilderCall, planned: CallPlan) -> Recipe:
     shuffling = call.shuffle_buffer_size is not None
     return Recipe(
         planned.plan,
         planned.shape,
         planned.epochs,
-        map_fn=map_fn,
+        map_fn=call.map_fn,
         reader=call.reader,
         shuffle_buffer_size=call.shuffle_buffer_size,
         seed=shuffle_seed(planned.plan, call.seed, shuffling=shuffling),
@@ -496,14 +344,37 @@ def _recipe(call: BuilderCall, planned: _Planned, map_fn: Callable[..., Any] | N
     )
 
 
-def _resumable(
-    call: BuilderCall, planned: _Planned, map_fn: Callable[..., Any] | None, info: DatasetInfo
-) -> Resumable | None:
+def _distribute(call: BuilderCall, planned: CallPlan) -> Any:
+    """The pipeline, inside the strategy (through the tf.data service when asked)."""
+    recipe = _recipe(call, planned)
+    readable = planned.source.readable
+    if call.service is not None:
+        # Arrays stay arrays for the service, which splits each trainer's share itself.
+        return distribute_with_service(
+            call.strategy, recipe, readable, call.source, call.input_options, call.service
+        )
+    plan = recipe.plan
+    if plan.source_kind == "dataset" and plan.policy in ("file", "hint"):
+        # tf.data's own autoshard.
+        return call.strategy.experimental_distribute_dataset(
+            global_dataset(recipe, readable), options=call.input_options
+        )
+    return call.strategy.distribute_datasets_from_function(
+        lambda context: per_worker_dataset(recipe, readable, context), options=call.input_options
+    )
+
+
+def _resumable(call: BuilderCall, planned: CallPlan, info: DatasetInfo) -> Resumable | None:
     """How to rebuild the dataset from a step of an epoch (``PreemptionCheckpoint``), or None
     where its epochs cannot be aligned (unknown size, sparse or ragged elements)."""
     try:
-        dense = planned.elements.check(
-            planned.plan, planned.worker_index, "epochs", call.drop_remainder, planned.shape
+        dense = check_elements(
+            call,
+            planned.source,
+            planned.plan,
+            planned.worker_index,
+            planned.shape,
+            repeat="epochs",
         )
     except (ValueError, TypeError):
         return None
@@ -516,76 +387,15 @@ def _resumable(
         repeat="epochs",
         dense=True,
     )
-    recipe = _recipe(call, planned, map_fn)
+    recipe = _recipe(call, planned)
     return resumable(
-        call.strategy, recipe, planned.source, call.input_options, aligned, planned.shape, info
-    )
-
-
-def _function_batches(
-    strategy: Any,
-    source: Callable[[Any], Any],
-    elements: element_kinds.SourceElements,
-    arguments: dict[str, Any],
-) -> Any:
-    """A ``fn(input_context)`` source that batches itself: its batches go to the replicas."""
-    self_batched.check_function_options(arguments)
-    replicas = int(strategy.num_replicas_in_sync)
-    per_replica = self_batched.function_batch_size(
-        elements,
-        global_batch_size=arguments["global_batch_size"],
-        per_replica_batch_size=arguments["per_replica_batch_size"],
-        replicas=replicas,
-    )
-    data_options, input_options = split_options(arguments["options"])
-    position = position_of(strategy)
-    dist, info, plan, findings = self_batched.distribute_function_batches(
-        strategy,
-        source,
-        elements,
-        per_replica=per_replica,
-        num_workers=position.num_workers,
-        worker_index=position.index,
-        shard_policy=arguments["shard_policy"],
-        repeat=check_repeat(arguments["repeat"]),
-        prefetch=boolean(arguments["prefetch"], "prefetch"),
-        data_options=data_options,
-        input_options=input_options,
-    )
-    _log(findings)
-    return single_device.remember(
-        attach(dist, info, plan), arguments, self_batching=True, rebuild=build_distributed_dataset
-    )
-
-
-def _check_not_empty_by_dropping(epochs: Any, shape: StepShape, *, drop_remainder: bool) -> None:
-    """A clear error when drop_remainder leaves no step at all (fit would see no data)."""
-    layout = epochs.layout
-    if not drop_remainder or layout is None or layout.steps > 0 or layout.dropped == 0:
-        return
-    raise ValueError(
-        f"drop_remainder=True drops every example: {layout.dropped} examples per epoch do not "
-        f"fill one step of {shape.global_batch_size} examples "
-        f"({shape.per_replica_batch_size} on each of {shape.num_replicas_in_sync} replicas), "
-        "so the dataset would yield no step and fit would stop at once. Pass "
-        "drop_remainder=False (the last step is partial), or a smaller global_batch_size."
-    )
-
-
-def _log(findings: Sequence[Finding]) -> None:
-    for finding in findings:
-        logger.log(finding.level, "tfdp_utils: %s", finding.message)
-
-
-def _distribute(strategy: Any, recipe: Recipe, source: Any, input_options: Any) -> Any:
-    """The distributed dataset: tf.data's own autoshard for FILE/HINT on a Dataset."""
-    plan = recipe.plan
-    if plan.source_kind == "dataset" and plan.policy in ("file", "hint"):
-        return strategy.experimental_distribute_dataset(
-            global_dataset(recipe, source), options=input_options
-        )
-    return strategy.distribute_datasets_from_function(
-        lambda context: per_worker_dataset(recipe, source, context), options=input_options
+        call.strategy,
+        recipe,
+        planned.source.readable,
+        call.input_options,
+        aligned,
+        planned.shape,
+        info,
     )
 
 

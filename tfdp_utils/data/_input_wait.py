@@ -1,12 +1,12 @@
 """How long the training loop waits for its next batch, measured inside the training step.
 
-A builder dataset carries an :class:`InputClock` (``tfdp_input_clock``) and its iterators time
-each fetch of this worker's next batch in the graph: a timestamp before the fetch, one after the
-batch has arrived, and the difference added to a host variable, with two counters of fetches
-started and completed. That costs two timestamps and three variable updates per step inside
-the function Keras runs anyway: no Python per step, no ``py_function``, no host sync. The
-variables are read only where a reader asks (``ThroughputLogger``'s log points, the watchdog
-naming a stuck worker).
+A builder dataset carries an :class:`InputClock` (``dataset.tfdp.input_clock``) and its
+iterators time each fetch of this worker's next batch in the graph: a timestamp before the
+fetch, one after the batch has arrived, and the difference added to a host variable, with two
+counters of fetches started and completed. That costs two timestamps and three variable
+updates per step inside the function Keras runs anyway: no Python per step, no
+``py_function``, no host sync. The variables are read only where a reader asks
+(``ThroughputLogger``'s log points, the watchdog naming a stuck worker).
 
 What is timed is the *local* fetch, from this worker's prefetch buffers: the time the step
 stood still because this worker's pipeline had no batch ready. Waiting for the other workers
@@ -29,6 +29,7 @@ import itertools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from tfdp_utils import _dataset_info as dataset_info
 from tfdp_utils._tf import tf
 
 T = TypeVar("T")
@@ -145,7 +146,8 @@ def can_time(dataset_class: type) -> bool:
 
 def clock_of(dataset: Any) -> InputClock | None:
     """The :class:`InputClock` of a builder dataset, or None."""
-    clock = getattr(dataset, "tfdp_input_clock", None)
+    record = dataset_info.record_of(dataset)
+    clock = None if record is None else record.input_clock
     return clock if isinstance(clock, InputClock) else None
 
 

@@ -1,6 +1,6 @@
 """A builder dataset that starts at a given step of a given epoch (resuming a preempted job).
 
-TensorFlow glue. :class:`Resumable` is attached to a builder dataset (``tfdp_resumable``) when
+TensorFlow glue. :class:`Resumable` is attached to a builder dataset (``tfdp.resumable``) when
 its epochs can be counted and aligned (a sized source of dense elements, read by
 ``distribute_datasets_from_function``). :meth:`Resumable.at` builds the same data as a stream
 of whole epochs that starts at step ``step`` of epoch ``epoch``:
@@ -110,15 +110,15 @@ class Resumable:
             )
         if self.shuffles and seed is None:
             raise ValueError("a shuffled dataset starts at a step only with its shuffle seed")
-        dist = self._stream(epoch, step, seed)
-        dist.tfdp_position = StreamPosition(epoch, step, built_from=self.built_from)
-        return dist
+        return self._stream(
+            epoch, step, seed, StreamPosition(epoch, step, built_from=self.built_from)
+        )
 
     def epochs_from(self, epoch: int, seed: int | None) -> Any:
         """The distributed dataset of whole epochs from the start of epoch ``epoch`` on.
 
         What :meth:`at` gives for step 0, as a dataset of its own rather than a resumed one
-        (no ``tfdp_position``): ``fit`` reads it through one iterator for the whole job.
+        (no ``tfdp.position``): ``fit`` reads it through one iterator for the whole job.
 
         Raises:
             ValueError: a negative epoch, or no seed for a shuffled dataset.
@@ -129,7 +129,9 @@ class Resumable:
             raise ValueError("a shuffled dataset starts at an epoch only with its shuffle seed")
         return self._stream(epoch, 0, seed)
 
-    def _stream(self, epoch: int, step: int, seed: int | None) -> Any:
+    def _stream(
+        self, epoch: int, step: int, seed: int | None, position: StreamPosition | None = None
+    ) -> Any:
         recipe = dataclasses.replace(self.recipe, seed=seed)
 
         def dataset_fn(context: Any) -> Any:
@@ -140,7 +142,7 @@ class Resumable:
         dist = self.strategy.distribute_datasets_from_function(
             dataset_fn, options=self.input_options
         )
-        return attach(dist, self.info, recipe.plan)
+        return attach(dist, self.info, recipe.plan, position=position)
 
 
 def resumable(

@@ -3,10 +3,10 @@
 A ``fn(input_context)`` that batches returns *per-replica* batches (as
 ``Strategy.distribute_datasets_from_function`` takes them, batched with
 ``input_context.get_per_replica_batch_size(global_batch_size)``): the builder calls it once to
-look at what it returns (:class:`ProbedFunction`), reads the per-replica size from that call
-(or the batches' static size), hands the batches to the replicas as they are, and says what it
-then cannot guarantee. Whether an element is an example or a batch is decided in
-:mod:`tfdp_utils.data._elements`.
+look at what it returns (:class:`~tfdp_utils.data._examine.ProbedFunction`), reads the
+per-replica size from that call (or the batches' static size), hands the batches to the
+replicas as they are, and says what it then cannot guarantee. Whether an element is an example
+or a batch is decided in :mod:`tfdp_utils.data._elements`.
 """
 
 from __future__ import annotations
@@ -18,134 +18,14 @@ from typing import Any
 
 from tfdp_utils._dataset_info import DatasetInfo
 from tfdp_utils._tf import tf
+from tfdp_utils.data._arguments import BuilderCall
 from tfdp_utils.data._diagnostics import Finding
-from tfdp_utils.data._elements import (
-    EXAMPLES,
-    SourceElements,
-    batch_sizes,
-    classify,
-)
+from tfdp_utils.data._elements import SourceElements, batch_sizes
 from tfdp_utils.data._epochs import OTHER_REPEATS, EpochLayout, Repeat, batches_layout
+from tfdp_utils.data._examine import ExaminedSource, ProbedFunction, call_function
 from tfdp_utils.data._pipeline import empty_batch
-from tfdp_utils.data._sharding import ShardingPlan, SourceFacts, plan_from_facts
-from tfdp_utils.data._sources import cardinality, dense_only, is_dataset
-
-
-class _RecordingContext(tf.distribute.InputContext):  # type: ignore[misc]
-    """An ``InputContext`` that notes the global batch size the function asks to split."""
-
-    def __init__(self, context: Any) -> None:
-        super().__init__(
-            num_input_pipelines=int(context.num_input_pipelines),
-            input_pipeline_id=int(context.input_pipeline_id),
-            num_replicas_in_sync=int(context.num_replicas_in_sync),
-        )
-        self.requested: int | None = None
-
-    def get_per_replica_batch_size(self, global_batch_size: int) -> int:
-        per_replica = int(super().get_per_replica_batch_size(global_batch_size))
-        self.requested = int(global_batch_size)
-        return per_replica
-
-
-class ProbedFunction:
-    """A source function whose first call, the builder's look at it, is kept for the pipeline.
-
-    :meth:`call` returns the kept dataset (and the batch size it asked for) once, to the
-    first call with the same input context; every other call runs the function.
-    """
-
-    def __init__(self, function: Callable[[Any], Any], context: Any) -> None:
-        self.function = function
-        self._key = _context_key(context)
-        self.first: tuple[Any, int | None] = _call(function, context)
-        self._kept: tuple[Any, int | None] | None = self.first
-
-    def call(self, context: Any) -> tuple[Any, int | None]:
-        """``(dataset, requested global batch size)`` for ``context``."""
-        kept, self._kept = self._kept, None
-        if kept is not None and _context_key(context) == self._key:
-            return kept
-        return _call(self.function, context)
-
-    def __call__(self, context: Any) -> Any:
-        return self.call(context)[0]
-
-
-def _context_key(context: Any) -> tuple[int, int, int]:
-    return (
-        int(context.num_input_pipelines),
-        int(context.input_pipeline_id),
-        int(context.num_replicas_in_sync),
-    )
-
-
-def call_function(source: Callable[[Any], Any], context: Any) -> tuple[Any, int | None]:
-    """``source(context)`` checked to be a dataset, and the global batch size it asked for."""
-    if isinstance(source, ProbedFunction):
-        return source.call(context)
-    return _call(source, context)
-
-
-def _call(source: Callable[[Any], Any], context: Any) -> tuple[Any, int | None]:
-    recording = _RecordingContext(context)
-    dataset = source(recording)
-    if not is_dataset(dataset):
-        raise TypeError(
-            f"the source function returned {type(dataset).__name__}; expected a "
-            "tf.data.Dataset for input pipeline "
-            f"{context.input_pipeline_id} of {context.num_input_pipelines}."
-        )
-    return dataset, recording.requested
-
-
-def inspect_source(
-    source: Any, element: str, *, kind: str, context: Any
-) -> tuple[SourceElements, Any]:
-    """What the elements of a source of ``kind`` are, and the source to build from.
-
-    A function is called once with ``context`` (this worker's) to look at what it returns;
-    the source to build from is then a :class:`ProbedFunction` that hands that dataset to the
-    pipeline's first call, so the function still runs once per worker.
-
-    Raises:
-        ValueError: ``element='batch'`` on arrays or files, or what :func:`classify` raises.
-    """
-    if kind == "dataset":
-        return classify(source, element, what="source", source_kind="dataset"), source
-    if kind == "function":
-        if element == "example":
-            return SourceElements("example", "element='example' given"), source
-        probed = ProbedFunction(source, context)
-        return classify_function(probed, element), probed
-    if element == "batch":
-        raise ValueError(
-            f"element='batch' applies to a tf.data.Dataset or a fn(input_context) source, but "
-            f"the source is {'in-memory arrays' if kind == 'arrays' else 'files'}, whose "
-            "elements are examples (arrays are cut along their first dimension). Pass "
-            "element='auto' (or reshape the arrays so that their first dimension counts "
-            "examples)."
-        )
-    return EXAMPLES, source
-
-
-def classify_function(source: ProbedFunction, element: str) -> SourceElements:
-    """What a ``fn(input_context)`` source returns, from its first call (this worker's context).
-
-    The call builds the function's dataset (reading nothing) to look at its elements and at
-    the batch size it asks ``input_context`` for.
-    """
-    dataset, requested = source.first
-    what = "the dataset returned by the source function"
-    elements = classify(dataset, element, what=what, source_kind="function")
-    if requested is not None and elements.kind == "example" and element == "auto":
-        raise ValueError(
-            f"the source function called input_context.get_per_replica_batch_size({requested}) "
-            f"but {what} does not end in a batch the builder can see "
-            f"({elements.reason.split(':')[0]}). Say what its elements are: element='batch' if "
-            "it returns per-replica batches, element='example' if each element is one example."
-        )
-    return dataclasses.replace(elements, requested_global_batch_size=requested)
+from tfdp_utils.data._sharding import ShardingPlan, plan_from_facts
+from tfdp_utils.data._sources import cardinality, dense_only
 
 
 def function_batch_size(
@@ -199,16 +79,22 @@ _UNSUPPORTED = (
 )
 
 
-def check_function_options(options: dict[str, Any]) -> None:
-    """Refuse builder options that would act on the function's batches instead of examples."""
-    for name, fix in _UNSUPPORTED:
-        value = options.get(name)
-        if value is not None and value is not False:
-            raise ValueError(
-                f"{name}={value!r} cannot apply to a source function that batches itself: "
-                f"the builder would act on whole per-replica batches. Instead, {fix}; or "
-                "return unbatched examples from the function and let the builder batch them."
-            )
+def check_function_options(example_options: tuple[tuple[str, Any], ...]) -> None:
+    """Refuse builder options that would act on the function's batches instead of examples.
+
+    Args:
+        example_options: the options given that act on examples, as
+            :attr:`~tfdp_utils.data._arguments.BuilderCall.example_options` holds them.
+    """
+    if not example_options:
+        return
+    name, value = example_options[0]
+    fix = dict(_UNSUPPORTED)[name]
+    raise ValueError(
+        f"{name}={value!r} cannot apply to a source function that batches itself: "
+        f"the builder would act on whole per-replica batches. Instead, {fix}; or "
+        "return unbatched examples from the function and let the builder batch them."
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,7 +130,7 @@ def _worker_dataset(source: Callable[[Any], Any], context: Any, own_index: int) 
         if int(context.input_pipeline_id) == own_index:
             return source.first[0]
         source = source.function
-    return _call(source, context)[0]
+    return call_function(source, context)[0]
 
 
 def _sizes(
@@ -535,32 +421,35 @@ def per_worker_batches(recipe: FunctionBatches, source: Callable[[Any], Any], co
 
 
 def distribute_function_batches(
-    strategy: Any,
-    source: Callable[[Any], Any],
-    elements: SourceElements,
-    *,
-    per_replica: int,
-    num_workers: int,
-    worker_index: int = 0,
-    shard_policy: str,
-    repeat: Repeat,
-    prefetch: bool,
-    data_options: Any,
-    input_options: Any,
+    call: BuilderCall, source: ExaminedSource, *, num_workers: int, worker_index: int = 0
 ) -> tuple[Any, DatasetInfo, ShardingPlan, list[Finding]]:
     """The distributed dataset of a function's own per-replica batches, its info, plan, findings.
 
+    Args:
+        call: the checked call.
+        source: the examined source, a function that batches itself.
+        num_workers: input pipelines.
+        worker_index: this worker's pipeline. Defaults to `0`.
+
     Raises:
-        ValueError: ``repeat="epochs"`` on batches whose epochs cannot be aligned (see
+        ValueError: options that act on examples (see :func:`check_function_options`),
+            batch sizes that disagree with the function's (see :func:`function_batch_size`),
+            ``repeat="epochs"`` on batches whose epochs cannot be aligned (see
             :func:`check_function_epochs`).
     """
-    replicas = int(strategy.num_replicas_in_sync)
-    plan = plan_from_facts(
-        SourceFacts("function"), shard_policy=shard_policy, num_workers=num_workers
+    check_function_options(call.example_options)
+    replicas = int(call.strategy.num_replicas_in_sync)
+    elements = source.elements
+    per_replica = function_batch_size(
+        elements,
+        global_batch_size=call.global_batch_size,
+        per_replica_batch_size=call.per_replica_batch_size,
+        replicas=replicas,
     )
+    plan = plan_from_facts(source.facts, shard_policy=call.shard_policy, num_workers=num_workers)
     local = max(1, replicas // num_workers)
     counted = count_function_batches(
-        source,
+        source.readable,
         elements,
         per_replica=per_replica,
         replicas=replicas,
@@ -568,10 +457,10 @@ def distribute_function_batches(
         worker_index=worker_index,
         shard=plan.policy == "data",
     )
-    batch_spec = source.first[0].element_spec if isinstance(source, ProbedFunction) else None
+    batch_spec = source.element_spec
     check_function_epochs(
         counted,
-        repeat=repeat,
+        repeat=call.repeat,
         replicas_per_worker=local,
         dense=batch_spec is not None and dense_only(batch_spec),
     )
@@ -581,24 +470,28 @@ def distribute_function_batches(
         per_replica=per_replica,
         replicas=replicas,
         workers=num_workers,
-        repeat=repeat,
+        repeat=call.repeat,
         counted=counted,
     )
     findings = function_findings(elements, per_replica, counted, exact=info.exact)
     findings.append(Finding(logging.INFO, plan.describe()))
-    padding = None
-    if repeat == "epochs" and counted.steps is not None:
-        batches = counted.batches_per_worker or ()
-        padding = tuple(counted.steps * local - count for count in batches)
     recipe = FunctionBatches(
         plan,
         elements.requested_global_batch_size,
-        repeat=bool(repeat),
-        prefetch=prefetch,
-        data_options=data_options,
-        padding=padding,
+        repeat=bool(call.repeat),
+        prefetch=call.prefetch,
+        data_options=call.data_options,
+        padding=_padding(counted, call.repeat, local),
     )
-    dist = strategy.distribute_datasets_from_function(
-        lambda context: per_worker_batches(recipe, source, context), options=input_options
+    readable = source.readable
+    dist = call.strategy.distribute_datasets_from_function(
+        lambda context: per_worker_batches(recipe, readable, context), options=call.input_options
     )
     return dist, info, plan, findings
+
+
+def _padding(counted: FunctionEpoch, repeat: Repeat, local: int) -> tuple[int, ...] | None:
+    """With ``repeat="epochs"``, the empty batches each worker adds to its epoch; else None."""
+    if repeat != "epochs" or counted.steps is None:
+        return None
+    return tuple(counted.steps * local - count for count in counted.batches_per_worker or ())

@@ -4,21 +4,22 @@ A dataset from :func:`~tfdp_utils.build_distributed_dataset` yields one part of 
 replica of the strategy it was built with, so only a model of that strategy (or one with as
 many replicas) can take it; a model loaded or built outside the strategy's scope fails inside
 Keras (``Only input tensors may be passed as positional arguments ... PerReplica``). The builder
-keeps its arguments on the dataset, and :func:`single_device_dataset` builds it again for one
-device: the same source, ``map_fn``, shuffle and repeat, every example of every worker, in
-batches of the same global size, as one ``tf.data.Dataset`` any model takes.
+keeps its call on the dataset (``tfdp.rebuild_on_one_device``, the call made for one device by
+:func:`on_one_device`), and :func:`single_device_dataset` builds it again for one device: the
+same source, ``map_fn``, shuffle and repeat, every example of every worker, in batches of the
+same global size, as one ``tf.data.Dataset`` any model takes.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-from typing import Any
+import dataclasses
+from typing import TYPE_CHECKING, Any
 
-from tfdp_utils._dataset_info import info_of
+from tfdp_utils._dataset_info import DatasetInfo, record_of
 from tfdp_utils._public import public
 
-_REBUILD = "_tfdp_rebuild_on_one_device"
+if TYPE_CHECKING:
+    from tfdp_utils.data._arguments import BuilderCall
 
 
 class _OneDevice:
@@ -43,27 +44,21 @@ class _OneDevice:
 ONE_DEVICE = _OneDevice()
 
 
-def remember(
-    dist: Any,
-    arguments: dict[str, Any],
-    *,
-    self_batching: bool,
-    rebuild: Callable[..., Any],
-) -> Any:
-    """``dist`` with how to build it again on one device, for :func:`single_device_dataset`:
-    ``rebuild`` (the builder) bound to its ``arguments`` for one device.
+def on_one_device(call: BuilderCall, info: DatasetInfo, *, self_batching: bool) -> BuilderCall:
+    """``call`` for one device, to build its data again (:func:`single_device_dataset`): the
+    strategy a stand-in for one replica, steps of the global batch size ``info`` holds.
 
     ``self_batching``: a source function that batches itself decides its batch size on one
     device too (from ``input_context``), so it is rebuilt with the sizes it was given.
     """
-    info = info_of(dist)
-    kept = dict(arguments)
-    if info is not None and not self_batching:
-        kept["global_batch_size"] = info.global_batch_size
-        kept["per_replica_batch_size"] = None
-    kept["strategy"] = ONE_DEVICE
-    setattr(dist, _REBUILD, functools.partial(rebuild, **kept))
-    return dist
+    if self_batching:
+        return dataclasses.replace(call, strategy=ONE_DEVICE)
+    return dataclasses.replace(
+        call,
+        strategy=ONE_DEVICE,
+        global_batch_size=info.global_batch_size,
+        per_replica_batch_size=None,
+    )
 
 
 @public("tfdp_utils")
@@ -96,8 +91,9 @@ def single_device_dataset(dataset: Any) -> Any:
         >>> [int(b.shape[0]) for b in tdu.single_device_dataset(dist)]
         [4, 4, 2]
     """
-    rebuild = getattr(dataset, _REBUILD, None)
-    if not isinstance(rebuild, functools.partial):
+    record = record_of(dataset)
+    rebuild = None if record is None else record.rebuild_on_one_device
+    if rebuild is None:
         raise TypeError(
             f"single_device_dataset() takes a dataset from build_distributed_dataset, but "
             f"received {type(dataset).__name__}. A tf.data.Dataset you built yourself already "

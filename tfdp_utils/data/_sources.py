@@ -227,6 +227,7 @@ def gather_facts(
     shard_policy: str,
     reader: Callable[[Any], Any] | None = None,
     count_examples: bool = False,
+    kind: SourceKind | None = None,
 ) -> SourceFacts:
     """What the planner needs to know about ``source`` (files, sizes, examples, readers).
 
@@ -237,11 +238,13 @@ def gather_facts(
         reader: ``path -> tf.data.Dataset`` for counting. Defaults to `None`
             (``tf.data.TFRecordDataset``).
         count_examples: count the examples of file sources. Defaults to `False`.
+        kind: the source's kind when it is known already (:func:`source_kind`). Defaults to
+            `None` (looked at here).
 
     Returns:
         A :class:`~tfdp_utils.data._sharding.SourceFacts`.
     """
-    kind = source_kind(source)
+    kind = source_kind(source) if kind is None else kind
     if kind == "files":
         files = resolve_files(source)
         counts = count_records(files, reader) if count_examples else None

@@ -15,7 +15,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from tfdp_utils import _validate
+from tfdp_utils import _dataset_info, _validate
 from tfdp_utils.preemption import _position as position
 
 logger = logging.getLogger("tfdp_utils")
@@ -134,7 +134,7 @@ def check_executions_fit_epochs(
 def resumable(x: Any, receiver: str = "fit") -> Any:
     """The position-aware view of a builder dataset ``x`` (``receiver``, the call that took
     ``x``, is named when it is not one)."""
-    factory = getattr(x, "tfdp_resumable", None)
+    factory = _dataset_info.resumable_of(x)
     if factory is None:
         raise TypeError(
             f"PreemptionCheckpoint resumes a dataset from tdu.build_distributed_dataset(), "

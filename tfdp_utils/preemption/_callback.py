@@ -9,7 +9,7 @@ the fit's callbacks (:mod:`._ordering`) and the custom loop (:mod:`._loop`).
 The callback takes part in the ``fit`` call it is passed to before Keras sees the call (through
 :class:`tfdp_utils.compat._fit_binding.FitCallAdapter`): it reads the latest checkpoint in its
 directory, checks that it was saved by the same training setup, and hands ``fit`` the builder
-dataset positioned at the saved step of the saved epoch (``tfdp_resumable``),
+dataset positioned at the saved step of the saved epoch (``tfdp.resumable``),
 ``steps_per_epoch`` and ``initial_epoch``; Keras' first epoch then starts at that step
 (:mod:`tfdp_utils.compat._resume_position`). At train begin the weights and the optimizer
 state (its step counter, slots, loss scale) are read back.

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from tfdp_utils._dataset_info import record_of
 from tfdp_utils.strategy._phase_board import PhaseBoard
 from tfdp_utils.strategy._stuck import Phase, StepFacts, diagnose, frame_phase, resolve
 
@@ -166,7 +167,7 @@ def fit_facts(
     """The step counter and input clock of the ``fit`` call on ``frame``'s stack.
 
     Finds the ``fit`` frames (Keras' ``fit``: ``self`` the model, ``x`` the data) and reads
-    the step counter and ``x.tfdp_input_clock.progress()`` on a helper thread, waiting at most
+    the step counter and ``x.tfdp.input_clock.progress()`` on a helper thread, waiting at most
     ``timeout`` seconds (nothing known after that). Called only for a phase that lasted an
     interval.
 
@@ -184,8 +185,9 @@ def fit_facts(
             local = current.f_locals
             if model is None and getattr(local.get("self"), "optimizer", None) is not None:
                 model = local["self"]
-            if clock is None:
-                clock = getattr(local.get("x"), "tfdp_input_clock", None)
+            record = record_of(local.get("x"))
+            if clock is None and record is not None:
+                clock = record.input_clock
         current = current.f_back
     if model is None and clock is None:
         return StepFacts()

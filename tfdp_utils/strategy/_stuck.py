@@ -9,7 +9,7 @@ interval anyway, also reads from them the phase this worker is in:
 * checkpoint or model-saving code on the stack: saving (or loading) a checkpoint;
 * the training thread inside one TensorFlow call of ``fit``: inside step ``k`` (``k`` from the
   model's optimizer ``iterations``), or reading input for step ``k`` when the dataset's input
-  clock (``tfdp_input_clock``, builder datasets) says the loop started a fetch that has not
+  clock (``tfdp.input_clock``, builder datasets) says the loop started a fetch that has not
   completed: the train function fetches its batch in the graph, so frames cannot tell; inside
   ``evaluate`` (fit's validation): validating;
 * anything else: in Python (the innermost function).
