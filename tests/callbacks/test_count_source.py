@@ -11,7 +11,7 @@ import dataclasses
 
 import pytest
 
-from tfdp_utils._dataset_info import DatasetInfo
+from tfdp_utils._dataset_info import DatasetInfo, DatasetRecord, carry
 from tfdp_utils.throughput._count_source import (
     GIVEN_SOURCE,
     TRAINED_SOURCE,
@@ -234,7 +234,7 @@ def test_the_count_source_refused(facts: CountFacts, says: str) -> None:
 
 
 class _Carrier:
-    tfdp_info = INFO_96
+    """Stands in for a builder dataset: it carries the builder's record."""
 
 
 @pytest.mark.parametrize(
@@ -242,7 +242,9 @@ class _Carrier:
     [
         pytest.param(None, 16, None, id="none"),
         pytest.param(INFO_96, None, INFO_96, id="info"),
-        pytest.param(_Carrier(), 16, INFO_96, id="builder-dataset"),
+        pytest.param(
+            carry(_Carrier(), DatasetRecord(INFO_96, plan=None)), 16, INFO_96, id="builder-dataset"
+        ),
     ],
 )
 def test_the_dataset_argument_read(
