@@ -111,15 +111,37 @@ def _check_address(address: object, where: str) -> str:
     return address
 
 
-@public("tfdp_utils.cluster")
-def validate_cluster(
-    cluster: object, task_type: object, task_index: object, *, source: str = "TF_CONFIG"
-) -> ClusterConfig:
-    """Validate a cluster dictionary and task, returning a :class:`ClusterConfig`.
+def _clean_addresses(kind: str, addresses: object, seen: dict[str, str]) -> tuple[str, ...]:
+    """One task type's addresses, checked; ``seen`` (address -> where) catches repeats."""
+    if isinstance(addresses, Mapping):
+        # Sparse form {"0": "host:port", ...} is allowed by TF; keep index order.
+        try:
+            items = sorted((int(k), v) for k, v in addresses.items())
+        except ValueError:
+            raise _tf_config_error(
+                f"cluster[{kind!r}] has non-integer keys {list(addresses)}"
+            ) from None
+        addresses = [v for _, v in items]
+    if isinstance(addresses, str) or not isinstance(addresses, Sequence) or not addresses:
+        raise _tf_config_error(
+            f"cluster[{kind!r}] is {addresses!r}; expected a non-empty list of 'host:port'"
+        )
+    checked = []
+    for i, address in enumerate(addresses):
+        where = f"cluster[{kind!r}][{i}]"
+        address = _check_address(address, where)
+        if address in seen:
+            raise _tf_config_error(
+                f"address {address!r} appears twice ({seen[address]} and {where}); "
+                "every task needs its own host:port"
+            )
+        seen[address] = where
+        checked.append(address)
+    return tuple(checked)
 
-    Raises:
-        ValueError: naming what is wrong and showing a valid example.
-    """
+
+def _clean_cluster(cluster: object) -> dict[str, tuple[str, ...]]:
+    """The cluster's task types and addresses, checked: known types, one chief, someone trains."""
     if not isinstance(cluster, Mapping) or not cluster:
         raise _tf_config_error(
             f"'cluster' is {cluster!r}; expected a non-empty object of "
@@ -132,35 +154,18 @@ def validate_cluster(
             raise _tf_config_error(
                 f"cluster has unknown task type {kind!r}; known types are {list(KNOWN_TASK_TYPES)}"
             )
-        if isinstance(addresses, Mapping):
-            # Sparse form {"0": "host:port", ...} is allowed by TF; keep index order.
-            try:
-                items = sorted((int(k), v) for k, v in addresses.items())
-            except ValueError:
-                raise _tf_config_error(
-                    f"cluster[{kind!r}] has non-integer keys {list(addresses)}"
-                ) from None
-            addresses = [v for _, v in items]
-        if isinstance(addresses, str) or not isinstance(addresses, Sequence) or not addresses:
-            raise _tf_config_error(
-                f"cluster[{kind!r}] is {addresses!r}; expected a non-empty list of 'host:port'"
-            )
-        checked = []
-        for i, address in enumerate(addresses):
-            where = f"cluster[{kind!r}][{i}]"
-            address = _check_address(address, where)
-            if address in seen:
-                raise _tf_config_error(
-                    f"address {address!r} appears twice ({seen[address]} and {where}); "
-                    "every task needs its own host:port"
-                )
-            seen[address] = where
-            checked.append(address)
-        clean[kind] = tuple(checked)
+        clean[kind] = _clean_addresses(kind, addresses, seen)
     if len(clean.get("chief", ())) > 1:
         raise _tf_config_error(f"cluster has {len(clean['chief'])} chiefs; at most one is allowed")
     if not any(k in clean for k in TRAINING_TASK_TYPES):
         raise _tf_config_error("cluster has no 'chief' or 'worker' tasks, so nothing would train")
+    return clean
+
+
+def _check_task(
+    clean: Mapping[str, tuple[str, ...]], task_type: object, task_index: object
+) -> tuple[str, int]:
+    """This process's ``(type, index)``, checked against the clean cluster."""
     if not isinstance(task_type, str) or task_type not in KNOWN_TASK_TYPES:
         raise _tf_config_error(
             f"task type is {task_type!r}; expected one of {list(KNOWN_TASK_TYPES)}"
@@ -173,7 +178,7 @@ def validate_cluster(
         # TF allows the evaluator to be absent from 'cluster'.
         if task_index != 0:
             raise _tf_config_error(f"evaluator index is {task_index}; there is only evaluator 0")
-        return ClusterConfig(cluster=clean, task_type=task_type, task_index=0, source=source)
+        return task_type, 0
     if task_type not in clean:
         raise _tf_config_error(
             f"task type {task_type!r} is not in the cluster, whose types are {sorted(clean)}"
@@ -184,6 +189,20 @@ def validate_cluster(
             f"{len(clean[task_type])} address(es), so valid indices are "
             f"0..{len(clean[task_type]) - 1}"
         )
+    return task_type, task_index
+
+
+@public("tfdp_utils.cluster")
+def validate_cluster(
+    cluster: object, task_type: object, task_index: object, *, source: str = "TF_CONFIG"
+) -> ClusterConfig:
+    """Validate a cluster dictionary and task, returning a :class:`ClusterConfig`.
+
+    Raises:
+        ValueError: naming what is wrong and showing a valid example.
+    """
+    clean = _clean_cluster(cluster)
+    task_type, task_index = _check_task(clean, task_type, task_index)
     return ClusterConfig(cluster=clean, task_type=task_type, task_index=task_index, source=source)
 
 
