@@ -196,6 +196,75 @@ def _warn_unresolved(
         )
 
 
+def _listen(own: str, me: str) -> _Listener:
+    """Listen on this task's own address, where peers say hello until TensorFlow takes it.
+
+    Raises:
+        OSError: when another program holds the port.
+    """
+    host, _, port = own.rpartition(":")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((_bind_host(host.strip("[]")), int(port)))
+    except OSError as exc:
+        sock.close()
+        raise OSError(
+            f"cannot listen on this task's address {own} ({me}): {exc}. Another program holds "
+            "the port; free it or give this task another port in the cluster spec."
+        ) from exc
+    sock.listen(64)
+    return _Listener(sock)
+
+
+class _PeerProbes:
+    """Rounds of probes to the peers: what each answered, whose host name does not resolve,
+    and who is still pending (not found, or waiting for our hello)."""
+
+    def __init__(
+        self,
+        peers: list[tuple[str, int, str]],
+        *,
+        me: str,
+        listener: _Listener,
+        deadline: Deadline,
+        source: str,
+        timeout: float,
+    ) -> None:
+        self.peers = peers
+        self.me = me
+        self.listener = listener
+        self.deadline = deadline
+        self.source = source
+        self.timeout = timeout
+        self.state: dict[tuple[str, int, str], str | None] = {task: None for task in peers}
+        self.unresolved: set[tuple[str, int, str]] = set()
+        self.warned: set[str] = set()
+        self.pending = list(peers)
+
+    def all_joined(self) -> bool:
+        """One round: probe each peer not found yet; True once no peer is pending."""
+        for task in self.peers:
+            if self.state[task] is None:
+                found = _probe(task[2], self.me, self.deadline.slice(1.0, 0.05))
+                if found == UNRESOLVED:
+                    self.unresolved.add(task)
+                else:
+                    self.unresolved.discard(task)
+                    self.state[task] = found
+        _warn_unresolved(self.unresolved, self.source, self.timeout, self.warned)
+        self.pending = [
+            task
+            for task in self.peers
+            if self.state[task] is None
+            or (
+                self.state[task] == "rendezvous"
+                and not self.listener.has_greeted(f"{task[0]}:{task[1]}")
+            )
+        ]
+        return not self.pending
+
+
 def wait_for_peers(
     config: ClusterConfig,
     *,
@@ -234,52 +303,21 @@ def wait_for_peers(
     own = config.address
     me = f"{config.task_type}:{config.task_index}"
     peers = [task for task in config.training_tasks if task[2] != own]
-    host, _, port = own.rpartition(":")
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((_bind_host(host.strip("[]")), int(port)))
-    except OSError as exc:
-        sock.close()
-        raise OSError(
-            f"cannot listen on this task's address {own} ({me}): {exc}. Another program holds "
-            "the port; free it or give this task another port in the cluster spec."
-        ) from exc
-    sock.listen(64)
-    listener = _Listener(sock)
-    state: dict[tuple[str, int, str], str | None] = {task: None for task in peers}
-    unresolved: set[tuple[str, int, str]] = set()
-    warned: set[str] = set()
-    pending = list(peers)
+    listener = _listen(own, me)
+    probes = _PeerProbes(
+        peers, me=me, listener=listener, deadline=deadline, source=config.source, timeout=timeout
+    )
     progress = WaitProgress(
         lambda: (
-            f"{len(pending)} peer task(s) to join the {config.source} cluster: "
-            + _names(pending, unresolved)
+            f"{len(probes.pending)} peer task(s) to join the {config.source} cluster: "
+            + _names(probes.pending, probes.unresolved)
         ),
         bound=timeout,
         change=f"auto_strategy({timeout_variable}=SECONDS) or TFDP_CLUSTER_TIMEOUT",
     )
 
-    def all_joined() -> bool:
-        nonlocal pending
-        for task in peers:
-            if state[task] is None:
-                found = _probe(task[2], me, deadline.slice(1.0, 0.05))
-                if found == UNRESOLVED:
-                    unresolved.add(task)
-                else:
-                    unresolved.discard(task)
-                    state[task] = found
-        _warn_unresolved(unresolved, config.source, timeout, warned)
-        pending = [
-            task
-            for task in peers
-            if state[task] is None
-            or (state[task] == "rendezvous" and not listener.has_greeted(f"{task[0]}:{task[1]}"))
-        ]
-        return not pending
-
     def timeout_error() -> ClusterTimeoutError:
+        pending, unresolved = probes.pending, probes.unresolved
         return ClusterTimeoutError(
             f"{len(pending)} of {len(peers)} peer task(s) did not join the "
             f"{config.source} cluster {_within(timeout, deadline, called_at, caller)}: "
@@ -294,7 +332,7 @@ def wait_for_peers(
 
     try:
         waited = wait_until(
-            all_joined,
+            probes.all_joined,
             deadline=deadline,
             progress=progress,
             timeout_error=timeout_error,
