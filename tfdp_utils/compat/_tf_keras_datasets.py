@@ -96,6 +96,103 @@ def installed() -> bool:
     return REGISTRY.get(CHANGE.name) is not None
 
 
+def _tf_keras_classes() -> tuple[Any, Any] | None:
+    """tf_keras's ``(DatasetAdapter, DataHandler)`` when they have every method the patch
+    wraps, else None (logged)."""
+    try:
+        from tf_keras.src.engine import data_adapter
+
+        adapter = data_adapter.DatasetAdapter
+        for name in ("_validate_args", "get_size", "should_recreate_iterator"):
+            getattr(adapter, name)
+        handler = data_adapter.DataHandler
+        for name in ("enumerate_epochs", "_validate_data_handler"):
+            getattr(handler, name)
+    except (ImportError, AttributeError) as exc:
+        logger.warning(
+            "tfdp_utils: tf_keras %s has no DatasetAdapter to teach (%s: %s); pass "
+            "steps_per_epoch=dataset.tfdp_info.steps_per_epoch to fit",
+            KERAS_VERSION,
+            type(exc).__name__,
+            exc,
+        )
+        return None
+    return adapter, handler
+
+
+def _adapter_replacements(adapter: Any) -> dict[str, Any]:
+    """``DatasetAdapter`` method name -> its replacement, each a closure over the original."""
+    validate = adapter._validate_args
+    get_size = adapter.get_size
+    recreate = adapter.should_recreate_iterator
+
+    def _validate_args(
+        self: Any, y: Any, sample_weights: Any, steps: Any, *args: Any, **kwargs: Any
+    ) -> Any:
+        if steps is None:
+            steps = exact_steps(self._dataset)
+        if steps is None and ends_by_data(self._dataset):
+            # The checks of y and sample_weight only: the epoch ends with the data.
+            steps = -1
+        return validate(self, y, sample_weights, steps, *args, **kwargs)
+
+    def _get_size(self: Any) -> Any:
+        own = exact_steps(self._dataset)
+        if own is not None and self._user_steps is None:
+            return own
+        return get_size(self)
+
+    def _should_recreate_iterator(self: Any) -> Any:
+        own = exact_steps(self._dataset)
+        if own is not None and self._user_steps in (None, own):
+            return True
+        if self._user_steps is None and ends_by_data(self._dataset):
+            return True
+        return recreate(self)
+
+    return {
+        "_validate_args": _validate_args,
+        "get_size": _get_size,
+        "should_recreate_iterator": _should_recreate_iterator,
+    }
+
+
+def _reads_to_end(data_handler: Any) -> bool:
+    """Whether a ``DataHandler`` reads each epoch of a builder dataset to the data's end."""
+    own = getattr(data_handler._adapter, "_dataset", None)
+    return data_handler._steps_per_epoch is None and ends_by_data(own)
+
+
+def _handler_replacements(handler: Any) -> dict[str, Any]:
+    """``DataHandler`` method name -> its replacement, each a closure over the original."""
+    enumerate_epochs = handler.enumerate_epochs
+    validate_handler = handler._validate_data_handler
+
+    def _enumerate_epochs(self: Any) -> Any:
+        epochs = enumerate_epochs(self)
+        reads_to_end = _reads_to_end(self)
+        try:
+            for epoch, iterator in epochs:
+                if reads_to_end:
+                    # tf_keras keeps the step count it learnt at the end of the first
+                    # epoch; each epoch of unknown size ends with its own data instead.
+                    self._inferred_steps = None
+                yield epoch, iterator
+        finally:
+            epochs.close()
+
+    def _validate_data_handler(self: Any) -> Any:
+        spe = int(self._steps_per_execution.numpy().item())
+        if spe > 1 and self._inferred_steps is None and _reads_to_end(self):
+            raise unknown_size_execution_error(spe)
+        return validate_handler(self)
+
+    return {
+        "enumerate_epochs": _enumerate_epochs,
+        "_validate_data_handler": _validate_data_handler,
+    }
+
+
 def install(*, applied_by: str) -> bool:
     """Patch tf_keras's ``DatasetAdapter`` once per process; False where it does not apply.
 
@@ -111,87 +208,21 @@ def install(*, applied_by: str) -> bool:
             return True
         if IS_KERAS3:
             return False
-        try:
-            from tf_keras.src.engine import data_adapter
-
-            adapter = data_adapter.DatasetAdapter
-            validate = adapter._validate_args
-            get_size = adapter.get_size
-            recreate = adapter.should_recreate_iterator
-            handler = data_adapter.DataHandler
-            enumerate_epochs = handler.enumerate_epochs
-            validate_handler = handler._validate_data_handler
-        except (ImportError, AttributeError) as exc:
-            logger.warning(
-                "tfdp_utils: tf_keras %s has no DatasetAdapter to teach (%s: %s); pass "
-                "steps_per_epoch=dataset.tfdp_info.steps_per_epoch to fit",
-                KERAS_VERSION,
-                type(exc).__name__,
-                exc,
-            )
+        classes = _tf_keras_classes()
+        if classes is None:
             return False
-
-        def _validate_args(
-            self: Any, y: Any, sample_weights: Any, steps: Any, *args: Any, **kwargs: Any
-        ) -> Any:
-            if steps is None:
-                steps = exact_steps(self._dataset)
-            if steps is None and ends_by_data(self._dataset):
-                # The checks of y and sample_weight only: the epoch ends with the data.
-                steps = -1
-            return validate(self, y, sample_weights, steps, *args, **kwargs)
-
-        def _get_size(self: Any) -> Any:
-            own = exact_steps(self._dataset)
-            if own is not None and self._user_steps is None:
-                return own
-            return get_size(self)
-
-        def _should_recreate_iterator(self: Any) -> Any:
-            own = exact_steps(self._dataset)
-            if own is not None and self._user_steps in (None, own):
-                return True
-            if self._user_steps is None and ends_by_data(self._dataset):
-                return True
-            return recreate(self)
-
-        def _reads_to_end(data_handler: Any) -> bool:
-            own = getattr(data_handler._adapter, "_dataset", None)
-            return data_handler._steps_per_epoch is None and ends_by_data(own)
-
-        def _enumerate_epochs(self: Any) -> Any:
-            epochs = enumerate_epochs(self)
-            reads_to_end = _reads_to_end(self)
-            try:
-                for epoch, iterator in epochs:
-                    if reads_to_end:
-                        # tf_keras keeps the step count it learnt at the end of the first
-                        # epoch; each epoch of unknown size ends with its own data instead.
-                        self._inferred_steps = None
-                    yield epoch, iterator
-            finally:
-                epochs.close()
-
-        def _validate_data_handler(self: Any) -> Any:
-            spe = int(self._steps_per_execution.numpy().item())
-            if spe > 1 and self._inferred_steps is None and _reads_to_end(self):
-                raise unknown_size_execution_error(spe)
-            return validate_handler(self)
-
-        replacements = {
-            "_validate_args": _validate_args,
-            "get_size": _get_size,
-            "should_recreate_iterator": _should_recreate_iterator,
-        }
-        patches = [
-            replace_method(adapter, name, replacement, change=CHANGE.name)
-            for name, replacement in replacements.items()
+        adapter, handler = classes
+        replacements = [
+            (owner, name, replacement)
+            for owner, table in (
+                (adapter, _adapter_replacements(adapter)),
+                (handler, _handler_replacements(handler)),
+            )
+            for name, replacement in table.items()
         ]
-        patches += [
-            replace_method(handler, "enumerate_epochs", _enumerate_epochs, change=CHANGE.name),
-            replace_method(
-                handler, "_validate_data_handler", _validate_data_handler, change=CHANGE.name
-            ),
+        patches = [
+            replace_method(owner, name, replacement, change=CHANGE.name)
+            for owner, name, replacement in replacements
         ]
         REGISTRY.record(CHANGE, applied_by=applied_by, patches=patches)
         logger.info(
