@@ -127,12 +127,7 @@ def choose_strategy(
             f"env must be an Environment (from tdu.detect_environment()), but received {env!r} "
             f"of type {type(env).__name__}."
         )
-    prefer = _check_prefer(prefer, "prefer")
-    why = ""
-    if prefer == "auto" and env.forced_strategy:
-        prefer = _check_prefer(env.forced_strategy, _variables.STRATEGY)
-        if prefer != "auto":
-            why = f"TFDP_STRATEGY={prefer}; "
+    prefer, why = _resolve_prefer(env, prefer)
     chosen = _restrict(env, devices) if devices is not None else None
     cluster = env.cluster
     if prefer == "parameter_server" and (cluster is None or not cluster.has_parameter_servers):
@@ -147,7 +142,29 @@ def choose_strategy(
             return ps_choice
         why += "evaluator task trains nothing, so it runs alone; "
         return _local_choice(env, chosen, why)
+    if prefer != "auto":
+        return _preferred_choice(env, prefer, chosen, why)
+    return _auto_choice(env, chosen, why, tpu_failure)
 
+
+def _resolve_prefer(env: Environment, prefer: str) -> tuple[str, str]:
+    """``(prefer, why)``: the checked preference, ``TFDP_STRATEGY``'s in place of ``"auto"``,
+    and the start of the reason that says so."""
+    prefer = _check_prefer(prefer, "prefer")
+    why = ""
+    if prefer == "auto" and env.forced_strategy:
+        prefer = _check_prefer(env.forced_strategy, _variables.STRATEGY)
+        if prefer != "auto":
+            why = f"TFDP_STRATEGY={prefer}; "
+    return prefer, why
+
+
+def _preferred_choice(
+    env: Environment, prefer: str, chosen: tuple[str, ...] | None, why: str
+) -> StrategyChoice:
+    """The strategy ``prefer`` names outside a parameter-server cluster: ``"tpu"``,
+    ``"multi_worker"``, ``"mirrored"`` or ``"one_device"``."""
+    cluster = env.cluster
     if prefer == "tpu":
         tpu_devices = chosen or env.tpus
         return StrategyChoice("tpu", tpu_devices, f"{why}prefer='tpu' -> tpu")
@@ -158,15 +175,20 @@ def choose_strategy(
     if prefer == "mirrored":
         local = chosen or (env.gpus or env.cpus)
         return StrategyChoice("mirrored", local, f"{why}prefer='mirrored' -> mirrored")
-    if prefer == "one_device":
-        local = chosen or (env.gpus or env.cpus)[:1]
-        if len(local) != 1:
-            raise ValueError(
-                f"one_device needs exactly one device; devices={list(local)} has {len(local)}."
-            )
-        return StrategyChoice("one_device", local, f"{why}prefer='one_device' -> one_device")
+    # prefer == "one_device" ("parameter_server" is settled with the cluster's 'ps' tasks)
+    local = chosen or (env.gpus or env.cpus)[:1]
+    if len(local) != 1:
+        raise ValueError(
+            f"one_device needs exactly one device; devices={list(local)} has {len(local)}."
+        )
+    return StrategyChoice("one_device", local, f"{why}prefer='one_device' -> one_device")
 
-    # prefer == "auto"
+
+def _auto_choice(
+    env: Environment, chosen: tuple[str, ...] | None, why: str, tpu_failure: str | None
+) -> StrategyChoice:
+    """``prefer="auto"``: a TPU in evidence, then a multi-task cluster, then local devices."""
+    cluster = env.cluster
     if tpu_failure:
         why += f"{tpu_failure}; "
     elif env.tpus or env.tpu_hint:
