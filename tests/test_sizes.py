@@ -26,7 +26,6 @@ OVER_MODULE_BUDGET = {
 its public names' public module (``__module__``, see ``tfdp_utils._public``)."""
 
 OVER_FUNCTION_BUDGET = {
-    "strategy/_choice.py:auto_strategy": 71,
     "throughput/_report.py:format_table": 74,
     "throughput/_summary.py:summarize": 68,
 }

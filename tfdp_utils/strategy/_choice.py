@@ -318,33 +318,13 @@ def auto_strategy(
     raise_first_problem()
     resolved_collective_timeout = resolve_collective_timeout(collective_timeout)
     cluster_timeout = resolve_cluster_timeout(cluster_timeout)
-    env = detect_environment(tpu=tpu)
-    if cluster_resolver is not None:
-        config = config_from_resolver(cluster_resolver)
-        env = dataclasses.replace(env, cluster=config)
-        if prefer == "auto" and not env.forced_strategy and config is None:
-            prefer = "multi_worker"
+    env, prefer = _detect(tpu, cluster_resolver, prefer)
     choice = choose_strategy(env, prefer=prefer, devices=devices)
     strategy: Any = None
     if choice.kind == "tpu":
-        try:
-            strategy = connect_tpu(env.tpu_address, probe_timeout)
-        except Exception as exc:
-            if env.tpu_hint or env.tpus:
-                evidence = env.tpu_hint or f"{len(env.tpus)} local TPU device(s)"
-                failure = f"TPU evidence ({evidence}) but probe failed: {exc}"
-            else:
-                failure = (
-                    "a TPU was asked for, but this process sees no TPU (no local TPU devices, "
-                    f"no TPU_NAME / COLAB_TPU_ADDR / TPU address) and the probe failed: {exc}"
-                )
-            if _check_prefer(prefer, "prefer") == "tpu" or env.forced_strategy == "tpu":
-                raise TPUProbeError(
-                    f"{failure}. Check the TPU name/address, or pass probe_timeout=SECONDS to wait "
-                    "longer, or prefer='auto' to fall back to other devices."
-                ) from exc
-            logger.warning("tfdp_utils: %s; falling back", failure)
-            choice = choose_strategy(env, prefer=prefer, devices=devices, tpu_failure=failure)
+        strategy, choice = _connect_tpu_or_fall_back(
+            env, choice, prefer=prefer, devices=devices, probe_timeout=probe_timeout
+        )
     if strategy is None:
         strategy = build_strategy(
             choice,
@@ -355,6 +335,59 @@ def auto_strategy(
             num_gpus=len(env.gpus),
             called_at=called_at,
         )
+    _settle(strategy, choice, env, verbose=verbose)
+    return strategy
+
+
+def _detect(tpu: str | None, cluster_resolver: Any, prefer: str) -> tuple[Environment, str]:
+    """``(env, prefer)``: what this process sees, with ``cluster_resolver``'s cluster when one
+    is given (a resolver that names no cluster asks for one worker: ``multi_worker``)."""
+    env = detect_environment(tpu=tpu)
+    if cluster_resolver is not None:
+        config = config_from_resolver(cluster_resolver)
+        env = dataclasses.replace(env, cluster=config)
+        if prefer == "auto" and not env.forced_strategy and config is None:
+            prefer = "multi_worker"
+    return env, prefer
+
+
+def _connect_tpu_or_fall_back(
+    env: Environment,
+    choice: StrategyChoice,
+    *,
+    prefer: str,
+    devices: Sequence[str] | None,
+    probe_timeout: float,
+) -> tuple[Any, StrategyChoice]:
+    """``(strategy, choice)`` for a TPU ``choice``: the TPU strategy and ``choice``, or, when
+    the probe fails under ``"auto"``, None and the choice made without the TPU.
+
+    Raises:
+        TPUProbeError: when the TPU was asked for (``prefer`` or ``TFDP_STRATEGY``).
+    """
+    try:
+        return connect_tpu(env.tpu_address, probe_timeout), choice
+    except Exception as exc:
+        if env.tpu_hint or env.tpus:
+            evidence = env.tpu_hint or f"{len(env.tpus)} local TPU device(s)"
+            failure = f"TPU evidence ({evidence}) but probe failed: {exc}"
+        else:
+            failure = (
+                "a TPU was asked for, but this process sees no TPU (no local TPU devices, "
+                f"no TPU_NAME / COLAB_TPU_ADDR / TPU address) and the probe failed: {exc}"
+            )
+        if _check_prefer(prefer, "prefer") == "tpu" or env.forced_strategy == "tpu":
+            raise TPUProbeError(
+                f"{failure}. Check the TPU name/address, or pass probe_timeout=SECONDS to wait "
+                "longer, or prefer='auto' to fall back to other devices."
+            ) from exc
+        logger.warning("tfdp_utils: %s; falling back", failure)
+        return None, choose_strategy(env, prefer=prefer, devices=devices, tpu_failure=failure)
+
+
+def _settle(strategy: Any, choice: StrategyChoice, env: Environment, *, verbose: object) -> None:
+    """After the build: warn of a multi-worker strategy without a cluster, apply the Keras
+    workarounds and the exit guard, announce the choice, and record it for ``explain``."""
     if choice.kind == "multi_worker" and choice.cluster is None:
         logger.warning(
             "tfdp_utils: prefer='multi_worker' but no cluster is configured (no TF_CONFIG, no "
@@ -380,7 +413,6 @@ def auto_strategy(
 
     compat_changes.record_strategy_choice(strategy, choice, applied_by="auto_strategy()")
     dataset_info.record_strategy(strategy)
-    return strategy
 
 
 def _info_is_shown() -> bool:
