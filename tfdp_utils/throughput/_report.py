@@ -36,44 +36,47 @@ def _fmt(value: float | None) -> str:
     return f"{value:,.1f}" if value >= 100 else f"{value:.3g}"
 
 
-def format_table(summary: dict[str, Any]) -> str:
-    """The plain-text table ``tfdp-utils report`` prints."""
-    header = (
-        "run",
-        "windows",
-        "median ex/s",
-        "min ex/s",
-        "max ex/s",
-        "steps/s",
-        "examples",
-        "input wait",
-        "note",
+_HEADER = (
+    "run",
+    "windows",
+    "median ex/s",
+    "min ex/s",
+    "max ex/s",
+    "steps/s",
+    "examples",
+    "input wait",
+    "note",
+)
+
+
+def _run_row(name: str, entry: dict[str, Any]) -> tuple[str, ...]:
+    """One run's cells, in the order of the header."""
+    rates = entry["examples_per_sec"] or {}
+    steps = entry["steps_per_sec"] or {}
+    marks = (
+        (["CUT SHORT"] if entry.get("cut_short") else [])
+        + (["derived"] if entry.get("counts") == "derived" else [])
+        + (["STEPS BACK"] if entry.get("steps_back") else [])
     )
-    rows = [header]
-    for name, entry in summary["runs"].items():
-        rates = entry["examples_per_sec"] or {}
-        steps = entry["steps_per_sec"] or {}
-        marks = (
-            (["CUT SHORT"] if entry.get("cut_short") else [])
-            + (["derived"] if entry.get("counts") == "derived" else [])
-            + (["STEPS BACK"] if entry.get("steps_back") else [])
-        )
-        rows.append(
-            (
-                name,
-                str(entry["windows"]),
-                _fmt(rates.get("median")),
-                _fmt(rates.get("min")),
-                _fmt(rates.get("max")),
-                _fmt(steps.get("median")),
-                "-" if entry["examples"] is None else f"{entry['examples']:,}",
-                "-"
-                if not entry.get("input_wait_share")
-                else (f"{entry['input_wait_share']['median']:.0%}"),
-                ", ".join(marks) or "-",
-            )
-        )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return (
+        name,
+        str(entry["windows"]),
+        _fmt(rates.get("median")),
+        _fmt(rates.get("min")),
+        _fmt(rates.get("max")),
+        _fmt(steps.get("median")),
+        "-" if entry["examples"] is None else f"{entry['examples']:,}",
+        "-"
+        if not entry.get("input_wait_share")
+        else (f"{entry['input_wait_share']['median']:.0%}"),
+        ", ".join(marks) or "-",
+    )
+
+
+def _aligned(rows: list[tuple[str, ...]]) -> list[str]:
+    """The rows as lines of columns (the first left-aligned, the rest right), a rule under
+    the first."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [
         "  ".join(
             cell.ljust(w) if i == 0 else cell.rjust(w)
@@ -82,19 +85,27 @@ def format_table(summary: dict[str, Any]) -> str:
         for row in rows
     ]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    return lines
+
+
+def _workers_line(workers: dict[str, Any]) -> str:
+    if not workers["median_steps_per_sec"]:
+        return "workers: 1"
+    rates = ", ".join(f"{n} {_fmt(v)}" for n, v in workers["median_steps_per_sec"].items())
+    skew_text = "-" if workers["median_skew"] is None else f"{workers['median_skew']:.1%}"
+    return f"workers: {workers['count']} ({rates} steps/s); median skew {skew_text}"
+
+
+def _notes(summary: dict[str, Any]) -> list[str]:
+    """The lines under the table: replica skew, workers, the input verdict, and the runs cut
+    short, gone back or counted by derivation."""
     skew = summary["replica_skew"]
-    lines.append("")
-    lines.append(
+    lines = [
+        "",
         "replica skew (max-min)/max of median examples/s: "
-        + ("-" if skew is None else f"{skew:.1%}")
-    )
-    workers = summary["workers"]
-    if workers["median_steps_per_sec"]:
-        rates = ", ".join(f"{n} {_fmt(v)}" for n, v in workers["median_steps_per_sec"].items())
-        skew_text = "-" if workers["median_skew"] is None else f"{workers['median_skew']:.1%}"
-        lines.append(f"workers: {workers['count']} ({rates} steps/s); median skew {skew_text}")
-    else:
-        lines.append("workers: 1")
+        + ("-" if skew is None else f"{skew:.1%}"),
+        _workers_line(summary["workers"]),
+    ]
     input_summary = summary.get("input", {})
     input_verdict = input_summary.get("verdict")
     if input_verdict:
@@ -111,7 +122,13 @@ def format_table(summary: dict[str, Any]) -> str:
     for note in sorted(set(derived.values())):
         names = ", ".join(n for n, v in derived.items() if v == note)
         lines.append(f"derived counts ({names}): {note}")
-    return "\n".join(lines)
+    return lines
+
+
+def format_table(summary: dict[str, Any]) -> str:
+    """The plain-text table ``tfdp-utils report`` prints."""
+    rows = [_HEADER] + [_run_row(name, entry) for name, entry in summary["runs"].items()]
+    return "\n".join(_aligned(rows) + _notes(summary))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
