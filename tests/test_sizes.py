@@ -26,7 +26,6 @@ OVER_MODULE_BUDGET = {
 its public names' public module (``__module__``, see ``tfdp_utils._public``)."""
 
 OVER_FUNCTION_BUDGET = {
-    "throughput/_summary.py:summarize": 68,
 }
 """Today's debt: body lines (after the docstring), at most."""
 

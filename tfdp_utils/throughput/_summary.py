@@ -64,73 +64,94 @@ def summarize(runs: dict[str, RunSeries]) -> dict[str, Any]:
         ``measured`` (whether any input-wait share was logged) and ``note`` (when none was,
         why: the logger's ``input/wait_note``, e.g. op determinism; else None).
     """
-    per_run: dict[str, Any] = {}
-    for name, run in runs.items():
-        examples = run.series.get(EXAMPLES, [])
-        rates = run.series.get(EXAMPLES_PER_SEC, [])
-        entry: dict[str, Any] = {
-            "windows": len(rates),
-            "examples_per_sec": _stats(run.values(EXAMPLES_PER_SEC)),
-            "steps_per_sec": _stats(run.values(STEPS_PER_SEC)),
-            "examples": int(examples[-1][1]) if examples else None,
-            "last_step": max((s for s, _ in examples + rates), default=None),
-            "input_wait_share": _stats(run.values(INPUT_WAIT_SHARE)),
-        }
-        peak = run.values(MEMORY_PEAK_BYTES)
-        if peak:
-            entry["peak_memory_bytes"] = int(max(peak))
-        entry.update(_counts_entry(run))
-        entry["cut_short"] = [f"event file {p}" for p in run.problems]
-        entry["steps_back"] = _steps_back_entries(run)
-        per_run[name] = entry
+    per_run = {name: _run_entry(run) for name, run in runs.items()}
     for name, reasons in _inconsistencies(runs).items():
         per_run[name]["cut_short"].extend(reasons)
-
-    def kind(name: str) -> RunKind | None:
-        parsed = parse_run(name)
-        return None if parsed is None else parsed[0]
-
-    replica_medians = [
-        e["examples_per_sec"]["median"]
-        for n, e in per_run.items()
-        if kind(n) == "replica" and e["examples_per_sec"]
-    ]
-    replica_skew = None
-    if len(replica_medians) >= 2 and max(replica_medians) > 0:
-        replica_skew = (max(replica_medians) - min(replica_medians)) / max(replica_medians)
-    workers = {
-        n: e["steps_per_sec"]["median"]
-        for n, e in per_run.items()
-        if kind(n) == "worker" and e["steps_per_sec"]
-    }
-    skews = [v for run in runs.values() for v in run.values(WORKER_SKEW)]
     waits = _input_waits(per_run)
-    named = straggler(waits)
-    wait_note = None if waits else _input_wait_note(runs)
     cut_short = {n: e["cut_short"] for n, e in per_run.items() if e["cut_short"]}
     derived = {n: e["counts_note"] for n, e in per_run.items() if e["counts"] == "derived"}
-    went_back = _steps_back_by_job(per_run)
     return {
         "runs": per_run,
-        "replica_skew": replica_skew,
-        # A job without worker_<w> runs is one worker (the logger writes them only for more).
-        "workers": {
-            "count": max(1, len(workers)),
-            "median_steps_per_sec": workers,
-            "median_skew": statistics.median(skews) if skews else None,
-            "median_input_wait_share": {f"worker_{w}": s for w, s in waits.items()},
-        },
-        "input": {
-            "verdict": verdict(waits) if waits else _unknown_verdict(wait_note),
-            "straggler": None if named is None else dataclasses.asdict(named),
-            "measured": bool(waits),
-            "note": wait_note,
-        },
+        "replica_skew": _replica_skew(per_run),
+        "workers": _workers_entry(per_run, runs, waits),
+        "input": _input_entry(runs, waits),
         "complete": not cut_short,
         "cut_short": cut_short,
         "exact": None if not derived and not _any_note(per_run) else not derived,
         "derived": derived,
-        "steps_back": went_back,
+        "steps_back": _steps_back_by_job(per_run),
+    }
+
+
+def _run_entry(run: RunSeries) -> dict[str, Any]:
+    """One run's figures; its ``cut_short`` holds its event file's problems (the job's
+    inconsistencies are added by :func:`summarize`)."""
+    examples = run.series.get(EXAMPLES, [])
+    rates = run.series.get(EXAMPLES_PER_SEC, [])
+    entry: dict[str, Any] = {
+        "windows": len(rates),
+        "examples_per_sec": _stats(run.values(EXAMPLES_PER_SEC)),
+        "steps_per_sec": _stats(run.values(STEPS_PER_SEC)),
+        "examples": int(examples[-1][1]) if examples else None,
+        "last_step": max((s for s, _ in examples + rates), default=None),
+        "input_wait_share": _stats(run.values(INPUT_WAIT_SHARE)),
+    }
+    peak = run.values(MEMORY_PEAK_BYTES)
+    if peak:
+        entry["peak_memory_bytes"] = int(max(peak))
+    entry.update(_counts_entry(run))
+    entry["cut_short"] = [f"event file {p}" for p in run.problems]
+    entry["steps_back"] = _steps_back_entries(run)
+    return entry
+
+
+def _kind(name: str) -> RunKind | None:
+    parsed = parse_run(name)
+    return None if parsed is None else parsed[0]
+
+
+def _replica_skew(per_run: dict[str, Any]) -> float | None:
+    """``(max - min) / max`` of the replicas' median examples/s; None under two replicas."""
+    replica_medians = [
+        e["examples_per_sec"]["median"]
+        for n, e in per_run.items()
+        if _kind(n) == "replica" and e["examples_per_sec"]
+    ]
+    skew: float | None = None
+    if len(replica_medians) >= 2 and max(replica_medians) > 0:
+        skew = (max(replica_medians) - min(replica_medians)) / max(replica_medians)
+    return skew
+
+
+def _workers_entry(
+    per_run: dict[str, Any], runs: dict[str, RunSeries], waits: dict[int, float]
+) -> dict[str, Any]:
+    """The workers: how many, each one's median steps/s and input-wait share, and the median
+    of the chief's logged worker skew."""
+    workers = {
+        n: e["steps_per_sec"]["median"]
+        for n, e in per_run.items()
+        if _kind(n) == "worker" and e["steps_per_sec"]
+    }
+    skews = [v for run in runs.values() for v in run.values(WORKER_SKEW)]
+    return {
+        # A job without worker_<w> runs is one worker (the logger writes them only for more).
+        "count": max(1, len(workers)),
+        "median_steps_per_sec": workers,
+        "median_skew": statistics.median(skews) if skews else None,
+        "median_input_wait_share": {f"worker_{w}": s for w, s in waits.items()},
+    }
+
+
+def _input_entry(runs: dict[str, RunSeries], waits: dict[int, float]) -> dict[str, Any]:
+    """The input-wait verdict, the straggler, and why the share is unknown when it is."""
+    named = straggler(waits)
+    wait_note = None if waits else _input_wait_note(runs)
+    return {
+        "verdict": verdict(waits) if waits else _unknown_verdict(wait_note),
+        "straggler": None if named is None else dataclasses.asdict(named),
+        "measured": bool(waits),
+        "note": wait_note,
     }
 
 
