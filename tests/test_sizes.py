@@ -19,15 +19,11 @@ PACKAGE = Path(__file__).resolve().parent.parent / "tfdp_utils"
 MODULE_LINES = 500
 FUNCTION_LINES = 60
 
-OVER_MODULE_BUDGET = {
-    "training/_step.py": 508,
-}
-"""Today's debt: lines, at most (to be cut at their seams). One grew by the lines that name
-its public names' public module (``__module__``, see ``tfdp_utils._public``)."""
+OVER_MODULE_BUDGET: dict[str, int] = {}
+"""Today's debt: lines, at most (to be cut at their seams). None today."""
 
-OVER_FUNCTION_BUDGET = {
-}
-"""Today's debt: body lines (after the docstring), at most."""
+OVER_FUNCTION_BUDGET: dict[str, int] = {}
+"""Today's debt: body lines (after the docstring), at most. None today."""
 
 
 def _modules() -> dict[str, Path]:
