@@ -21,7 +21,7 @@ import sys
 from typing import Any
 
 from tfdp_utils.throughput import _export
-from tfdp_utils.throughput._events import event_file_problems, read_runs
+from tfdp_utils.throughput._events import RunSeries, event_file_problems, read_runs
 from tfdp_utils.throughput._plot import plot, plot_path_problem
 from tfdp_utils.throughput._summary import summarize
 from tfdp_utils.throughput._tags import (
@@ -157,41 +157,34 @@ def _emit(text: str) -> None:
     sys.stdout.flush()
 
 
-def run(args: argparse.Namespace) -> int:
-    """Carry out ``tfdp-utils report`` for parsed ``args``; returns the exit status."""
-    if args.plot:
-        problem = plot_path_problem(args.plot)
-        if problem:
-            print(f"tfdp-utils report: {problem}", file=sys.stderr)
-            return 2
+def _refuse(message: str, status: int) -> int:
+    """Say ``message`` on stderr; returns the exit status ``status``."""
+    print(f"tfdp-utils report: {message}", file=sys.stderr)
+    return status
+
+
+def _read(logdir: str) -> tuple[dict[str, RunSeries], list[str]] | int:
+    """The runs under ``logdir`` and its event files' problems (each said on stderr), or the
+    exit status when there is nothing to report (2: no ``logdir``; 1: no throughput runs)."""
     try:
-        runs = read_runs(args.logdir)
+        runs = read_runs(logdir)
     except FileNotFoundError as exc:
-        print(f"tfdp-utils report: {exc}", file=sys.stderr)
-        return 2
-    problems = event_file_problems(args.logdir)
-    corrupt = [p for p in problems if ": corrupt" in p]
+        return _refuse(f"{exc}", 2)
+    problems = event_file_problems(logdir)
     for problem in problems:
         print(f"tfdp-utils report: {problem}", file=sys.stderr)
     if not runs:
-        print(
-            f"tfdp-utils report: no throughput runs under {args.logdir!r}; expected the "
+        return _refuse(
+            f"no throughput runs under {logdir!r}; expected the "
             f"log_dir of a ThroughputLogger (runs such as {GLOBAL_RUN!r} and "
             f"{replica_run(0)!r}).",
-            file=sys.stderr,
+            1,
         )
-        return 1
-    summary = summarize(runs)
-    if args.plot:
-        try:
-            plot(runs, args.plot, summary)
-        except (ImportError, OSError) as exc:
-            print(f"tfdp-utils report: --plot {args.plot!r}: {exc}", file=sys.stderr)
-            return 2
-        summary["plot"] = args.plot
-    if problems:
-        summary["event_file_problems"] = problems
-    status = 1 if corrupt else 0
+    return runs, problems
+
+
+def _write_exports(args: argparse.Namespace, runs: dict[str, RunSeries]) -> int | None:
+    """Write ``--csv`` and ``--windows-json``; the exit status 2 when one cannot be written."""
     exports = [(args.csv, _export.write_csv), (args.windows_json, _export.write_json)]
     rows = _export.point_rows(runs)
     for target, write in exports:
@@ -200,15 +193,45 @@ def run(args: argparse.Namespace) -> int:
         try:
             write(rows, target)
         except OSError as exc:
-            print(f"tfdp-utils report: cannot write {target!r}: {exc}", file=sys.stderr)
-            return 2
-    if "-" in (args.csv, args.windows_json):
-        return status
+            return _refuse(f"cannot write {target!r}: {exc}", 2)
+    return None
+
+
+def _show(summary: dict[str, Any], args: argparse.Namespace) -> None:
+    """Print the summary: JSON with ``--json``, else the table (and the plot's path)."""
     if args.json:
         _emit(json.dumps(summary, indent=2, sort_keys=True))
     else:
         text = format_table(summary) + (f"\nplot: {args.plot}" if args.plot else "")
         _emit(text)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Carry out ``tfdp-utils report`` for parsed ``args``; returns the exit status."""
+    if args.plot:
+        problem = plot_path_problem(args.plot)
+        if problem:
+            return _refuse(problem, 2)
+    read = _read(args.logdir)
+    if isinstance(read, int):
+        return read
+    runs, problems = read
+    corrupt = [p for p in problems if ": corrupt" in p]
+    summary = summarize(runs)
+    if args.plot:
+        try:
+            plot(runs, args.plot, summary)
+        except (ImportError, OSError) as exc:
+            return _refuse(f"--plot {args.plot!r}: {exc}", 2)
+        summary["plot"] = args.plot
+    if problems:
+        summary["event_file_problems"] = problems
+    status = 1 if corrupt else 0
+    failed = _write_exports(args, runs)
+    if failed is not None:
+        return failed
+    if "-" not in (args.csv, args.windows_json):  # an export to stdout replaces the table
+        _show(summary, args)
     return status
 
 
