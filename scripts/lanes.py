@@ -1,7 +1,8 @@
 """The suite's lanes, balanced by each test file's recorded seconds (used by scripts/test).
 
     python scripts/lanes.py split N        print N lanes, one line per (lane, flavour) pass:
-                                           "<lane> <pure|keras3|tf_keras> <test files...>"
+                                           "<lane> <pure|keras3|tf_keras> <test files...>",
+                                           and lane 0: the files with `timing` tests
     python scripts/lanes.py merge OUT IN.. merge the per-pass times IN (pure-*.json,
                                            keras3-*.json, tf_keras-*.json) into OUT
 
@@ -14,6 +15,10 @@ other test file runs on Keras 3, and again on tf_keras when it marks tests `kera
 that share the session's 2-worker cluster (the `two_worker_phases` fixture) stay in one pass,
 which starts that cluster once. Passes are placed longest first on the lane that ends earliest;
 a file with no recorded time counts as the median of the recorded ones.
+
+The tests marked `timing` (their truth is a figure measured in time) run apart, in lane 0 at
+normal priority, while scripts/test runs the other lanes niced: they measure on the cores as a
+quiet machine would give them, not against the suite's own load.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ LAST_RUN = ROOT / ".pytest_cache" / "test-times.json"
 FLAVOURS = ("pure", "keras3", "tf_keras")
 PURE_MARK = "pytestmark = pytest.mark.pure"
 REPLACED = "tests/test_runs_without_tensorflow.py"  # the pure pass does what it checks
+TIMING_MARK = "pytest.mark.timing"
 SHARED_CLUSTER = "two_worker_phases"
 
 
@@ -80,8 +86,11 @@ def split(lanes: int) -> list[tuple[int, str, list[str]]]:
         lane = loads.index(min(loads))
         loads[lane] += seconds
         placed.setdefault((lane, flavour), []).extend(files)
-    return [
-        (lane, flavour, sorted(placed[(lane, flavour)]))
+    timing = [path for path in _test_files() if TIMING_MARK in (ROOT / path).read_text()]
+    keras_timing = [path for path in timing if "mark.keras" in (ROOT / path).read_text()]
+    apart = [(0, "keras3", timing), (0, "tf_keras", keras_timing)]
+    return [entry for entry in apart if entry[2]] + [
+        (lane + 1, flavour, sorted(placed[(lane, flavour)]))
         for lane in range(lanes)
         for flavour in FLAVOURS
         if (lane, flavour) in placed
@@ -101,7 +110,7 @@ def merge(out: Path, inputs: list[Path]) -> None:
 def main(argv: list[str]) -> int:
     if len(argv) == 2 and argv[0] == "split" and argv[1].isdigit() and int(argv[1]) > 0:
         for lane, flavour, files in split(int(argv[1])):
-            print(lane + 1, flavour, *files)
+            print(lane, flavour, *files)
         return 0
     if len(argv) >= 2 and argv[0] == "merge":
         merge(Path(argv[1]), [Path(p) for p in argv[2:]])

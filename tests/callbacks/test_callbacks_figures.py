@@ -302,6 +302,7 @@ class SlowEpochEnd(keras.callbacks.Callback):  # type: ignore[misc]
         time.sleep(0.3)
 
 
+@pytest.mark.timing
 def test_windows_across_epoch_boundaries_agree_with_a_second_clock(tmp_path: Path) -> None:
     # The report --plot saw-tooth: windows that crossed an epoch boundary took in the epoch's
     # end (before the logger's on_epoch_end) and dropped to a fraction of their neighbours.

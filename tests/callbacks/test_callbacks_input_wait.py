@@ -97,6 +97,7 @@ def setup(request: pytest.FixtureRequest) -> tuple[Any, float]:
     return strategy, measured_step_seconds(strategy)
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize(
     ("ratio", "regime"),
     [(0.5, (0.0, 0.15)), (2.0, (0.3, 0.7)), (4.0, (0.55, 0.95))],

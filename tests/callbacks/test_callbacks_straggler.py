@@ -95,6 +95,7 @@ def report(log_dir: Path) -> tuple[str, dict[str, Any]]:
     return cli(), json.loads(cli("--json"))
 
 
+@pytest.mark.timing
 def test_the_worker_with_slow_input_is_named_with_input(tmp_path: Path) -> None:
     chief, other = run_job(tmp_path, slow_worker=1)
     shares = chief["worker_input_wait_share"]
@@ -108,6 +109,7 @@ def test_the_worker_with_slow_input_is_named_with_input(tmp_path: Path) -> None:
     assert set(data["workers"]["median_input_wait_share"]) == {"worker_0", "worker_1"}
 
 
+@pytest.mark.timing
 def test_without_a_slow_worker_nobody_is_named(tmp_path: Path) -> None:
     chief, _ = run_job(tmp_path, slow_worker=None)
     assert chief["straggler"] is None, chief

@@ -199,6 +199,7 @@ CONFIGS = [
 ]
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize(("replicas", "spe"), CONFIGS)
 def test_logged_rate_agrees_with_an_independent_timer(
     replicas: int, spe: int, tmp_path: Path, runs: dict[tuple[int, int], Any]

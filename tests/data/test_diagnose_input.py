@@ -154,6 +154,7 @@ def _metrics(model: Any) -> dict[str, float]:
 # ------------------------------------------------------------------------- verdicts
 
 
+@pytest.mark.timing
 @pytest.mark.keras
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_input_bound_fixture_is_input_bound_with_true_rates(replicas: int) -> None:
@@ -170,6 +171,7 @@ def test_input_bound_fixture_is_input_bound_with_true_rates(replicas: int) -> No
     _assert_rates_agree(report, model, dataset, step_seconds=0.01 * replicas)
 
 
+@pytest.mark.timing
 @pytest.mark.keras
 def test_compute_bound_fixture_is_not_input_bound_with_true_rates() -> None:
     # 10 ms per batch, 50 ms per step on each of 2 replicas.
@@ -202,6 +204,7 @@ def _parse(record: Any) -> Any:
     return x, x[:1] * 2.0
 
 
+@pytest.mark.timing
 @pytest.mark.keras
 def test_serial_reads_get_the_parallel_reads_advice(tmp_path: Path) -> None:
     # Each record takes 1 ms to arrive (storage latency), files read one after the other.
@@ -229,6 +232,7 @@ def test_serial_reads_get_the_parallel_reads_advice(tmp_path: Path) -> None:
     assert "cache" not in kinds
 
 
+@pytest.mark.timing
 @pytest.mark.keras
 def test_expensive_map_of_a_builder_dataset_gets_cache_and_service_advice() -> None:
     # The reads are free; map_fn takes 1 ms per example (64 ms per step at most 2 in flight).
