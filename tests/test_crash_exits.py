@@ -177,6 +177,8 @@ def report():  # registered first, so it runs last: after the exit barrier
     outcome = barrier.outcome if barrier else None
     times = barrier.times if barrier else {}
     print("BARRIER " + json.dumps({"outcome": outcome, "times": times}), flush=True)
+    ctrl_c = REGISTRY.get("ctrl-c-abort")
+    print("CTRL-C " + json.dumps(bool(ctrl_c and ctrl_c.patches[0].installed())), flush=True)
 
 
 atexit.register(report)
@@ -217,6 +219,8 @@ def test_workers_that_end_6_s_apart_both_exit_0_together() -> None:
     assert [outcome.returncode for outcome in outcomes] == [0, 0], _tails_of(outcomes)
     early, late = (result_line(outcome, "BARRIER") for outcome in outcomes)
     assert early["outcome"] == ["all", []] and late["outcome"] == ["all", []]
+    # Ctrl-C is heard from a helper thread on every worker (tests/strategy/test_ctrl_c.py).
+    assert [result_line(outcome, "CTRL-C") for outcome in outcomes] == [True, True]
     # The early worker waited for the late one's arrival, and left within a moment of it.
     assert early["times"]["left"] >= late["times"]["waits"] - 0.05
     assert abs(early["times"]["left"] - late["times"]["left"]) < 2.0

@@ -115,6 +115,32 @@ def test_every_change_says_what_why_and_whether_it_can_be_undone() -> None:
     assert not keys.kill_switch and not keys.undoable and "not a change to Keras" in keys.why
 
 
+def test_ctrl_c_abort_is_listed_and_undone_by_the_registry() -> None:
+    import os
+    import signal
+    import threading
+
+    from tfdp_utils import _interrupts
+
+    heard = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: None)  # this process goes on
+    try:
+        assert compat_changes.abort_on_ctrl_c(heard.set, applied_by="this test")
+        entry = _status("ctrl-c-abort")
+        assert entry.applied_by == "this test" and entry.undoable and not entry.kill_switch
+        os.kill(os.getpid(), signal.SIGINT)
+        assert heard.wait(5)
+        compat.undo("ctrl-c-abort")
+        assert _status("ctrl-c-abort").applied_at is None
+        heard.clear()
+        os.kill(os.getpid(), signal.SIGINT)
+        assert not heard.wait(0.5)
+    finally:
+        compat.undo("ctrl-c-abort")
+        _interrupts.uninstall()
+        signal.signal(signal.SIGINT, previous)
+
+
 def _undoable() -> set[str]:
     return {w.issue for w in compat.WORKAROUNDS} | {
         "fit-binding",
@@ -122,6 +148,7 @@ def _undoable() -> set[str]:
         "tf_keras-datasets",
         "exit-guard",
         "exit-barrier",
+        "ctrl-c-abort",
         "tf_keras-autograph",
         "resume-position",
     }

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import signal
 import time
 
 import pytest
@@ -25,7 +26,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.keras]
 BOUND = 6.0  # collective_timeout: short, so that the test is
 
 SCRIPT = r"""
-import json, os, sys, time
+import json, os, signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal: Ctrl-C raises
 import numpy as np
 import tfdp_utils as tdu
 from tfdp_utils._tf import tf, keras
@@ -306,3 +308,40 @@ def test_a_peer_killed_mid_step_is_named_before_the_traceback():
         "BackupAndRestore, training resumes."
     ], err0[-4000:]
     assert err0.index(lines[0]) < err0.index("Traceback (most recent call last)")
+
+
+def test_ctrl_c_ends_a_worker_held_in_a_collective_by_a_peer_that_left_the_step():
+    """Ctrl-C reaches worker 0 inside step 4's all-reduce while worker 1 never joins it (it
+    sits in a callback: as a peer that Ctrl-C stopped between two steps, or a stuck one).
+    Python's KeyboardInterrupt would come only when the call returns (here: the 120 s bound);
+    the worker's collectives are aborted instead and it ends by SIGINT within seconds."""
+    at, bound = 3, 120.0
+    processes = _start("callback", at, bound, UNCAUGHT="1")
+    try:
+        deadline = time.monotonic() + 150
+        while "STALL " not in processes[1].stdout():
+            assert time.monotonic() < deadline, processes[1].tail()
+            assert processes[0].poll() is None, processes[0].tail()
+            time.sleep(0.2)
+        time.sleep(2.0)  # worker 0 is in step 4's collective by now, waiting for worker 1
+        assert processes[0].poll() is None, processes[0].tail()
+        processes[0].popen.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        while processes[0].poll() is None and time.monotonic() < sent + 60:
+            time.sleep(0.1)
+        took = time.monotonic() - sent
+        rc0, err0 = processes[0].popen.returncode, processes[0].stderr()
+    finally:
+        for process in processes:
+            process.close()
+    assert rc0 == -signal.SIGINT, (rc0, err0[-4000:])
+    assert took < 8.0, f"worker 0 ended {took:.1f} s after Ctrl-C"
+    lines = [line for line in err0.splitlines() if line.startswith("tfdp-utils: Ctrl-C")]
+    assert len(lines) == 1, err0[-4000:]
+    assert re.search(
+        r"tfdp-utils: Ctrl-C \(SIGINT\) reached this worker while it waited inside a "
+        r"multi-worker call \(\w+ in [\w.]+\), which returns only once every worker joins "
+        r"it; its collectives were aborted so that it stops now\. The job cannot go on",
+        lines[0],
+    ), lines[0]
+    assert "KeyboardInterrupt" in err0

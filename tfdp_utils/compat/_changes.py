@@ -15,6 +15,7 @@ import threading
 from typing import Any
 
 from tfdp_utils import _exit_guard as exit_guard
+from tfdp_utils import _interrupts as interrupts
 from tfdp_utils import schedules as _schedules  # noqa: F401  WarmupSchedule, for load_model
 from tfdp_utils._tf import require_supported
 from tfdp_utils.compat import _fit_binding as fit_binding
@@ -121,6 +122,21 @@ EXIT_BARRIER = RuntimeChange(
     kill_switch=False,
 )
 
+CTRL_C_ABORT = RuntimeChange(
+    name="ctrl-c-abort",
+    kind="process",
+    changes="signal.set_wakeup_fd set to a socket read by a daemon thread (tfdp-interrupts), "
+    "when no other wakeup descriptor is in place; on Ctrl-C, a training thread held inside "
+    "one TensorFlow call for a second has the process's collectives aborted",
+    why="a worker of a multi-worker job that Ctrl-C finds inside an all-reduce waits for a "
+    "peer that Ctrl-C already stopped, and Python's KeyboardInterrupt comes only when the "
+    "call returns: after collective_timeout, or once the peer's heartbeats stop. Installed "
+    "by auto_strategy() over 2 or more workers. Not a change to Keras, so "
+    "TFDP_NO_KERAS_PATCHES leaves it on",
+    undoable=True,
+    kill_switch=False,
+)
+
 SIGTERM_DEFAULT = RuntimeChange(
     name="sigterm-default",
     kind="process",
@@ -160,8 +176,48 @@ CHANGES = (
     STRATEGY_CHOICE,
     EXIT_GUARD,
     EXIT_BARRIER,
+    CTRL_C_ABORT,
     SIGTERM_DEFAULT,
 )
+
+
+class ListenerPatch:
+    """A Ctrl-C listener (:func:`tfdp_utils._interrupts.listen`), undone like a ``Patch``."""
+
+    def __init__(self, remove: Any) -> None:
+        self._remove = remove
+        self._removed = False
+
+    def installed(self) -> bool:
+        """Whether the listener is still called on Ctrl-C."""
+        return not self._removed and interrupts.installed()
+
+    def undo(self) -> None:
+        """Stop calling the listener."""
+        self._remove()
+        self._removed = True
+
+    def describe(self) -> str:
+        """What this patch added, in words."""
+        return "a SIGINT listener on signal.set_wakeup_fd"
+
+
+def abort_on_ctrl_c(listener: Any, *, applied_by: str) -> bool:
+    """Call ``listener()`` on Ctrl-C from a helper thread (see :data:`CTRL_C_ABORT`); once.
+
+    Returns:
+        True when it is in place; False when Ctrl-C cannot be heard this way (not the main
+        thread, or the program has its own wakeup descriptor).
+    """
+    with REGISTRY.lock:
+        if REGISTRY.get(CTRL_C_ABORT.name) is not None:
+            return True
+        remove = interrupts.listen(listener)
+        if remove is None:
+            return False
+        patches: list[Any] = [ListenerPatch(remove)]  # undone like a Patch (duck-typed)
+        REGISTRY.record(CTRL_C_ABORT, applied_by=applied_by, patches=patches)
+        return True
 
 
 def restore_sigterm(*, applied_by: str) -> None:

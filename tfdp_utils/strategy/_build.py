@@ -188,6 +188,11 @@ def _build_multi_worker(
 
     _changes.restore_sigterm(applied_by="auto_strategy()")  # SIGTERM ends the job again
     _hold_exits(strategy, config)  # the workers leave together
+    if is_multi_worker(strategy):
+        from tfdp_utils.strategy._ctrl_c import CtrlCAbort
+
+        # Ctrl-C ends a worker held in an all-reduce by a peer Ctrl-C already stopped.
+        _changes.abort_on_ctrl_c(CtrlCAbort().on_interrupt, applied_by="auto_strategy()")
     if collective_timeout is not None and is_multi_worker(strategy):
         CollectiveWatchdog(collective_timeout, phases=_phase_tracker(strategy)).start()
         logger.info(
