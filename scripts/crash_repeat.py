@@ -43,7 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 WORKER = r"""
-import json, os, signal, sys, time
+import faulthandler, json, os, signal, sys, time
+faulthandler.enable()  # a crash in native code (SIGSEGV, SIGABRT) prints every thread's stack
 signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal (see the docstring)
 
 def report_error(error_type, error, tb):  # the job's own hook: when the error reaches the top
@@ -301,7 +302,10 @@ def one_run(combo: Combo, script: Path, data: Path, flavour: str, bound: float) 
     for index in judged:
         process = processes[index]
         out = _read(folder / f"{index}.out")
-        tail = " | ".join(_read(folder / f"{index}.err").strip().splitlines()[-3:])
+        lines = _read(folder / f"{index}.err").strip().splitlines()
+        # A native crash's stack (faulthandler) is the last thing printed: keep enough of it.
+        crashed = process.poll() is not None and process.returncode in (-6, -11)
+        tail = " | ".join(lines[-30:] if crashed else lines[-3:])
         if index not in ends:
             problems.append(
                 f"worker {index} still alive {time.monotonic() - start:.0f} s in: {tail}"
