@@ -370,6 +370,72 @@ def test_validation_time_is_left_out_of_the_windows(tmp_path: Path) -> None:
     assert summary["measured_seconds"] < wall - 2.5, (summary["measured_seconds"], wall)
 
 
+def test_the_fits_ledger_agrees_with_the_tests_own_clocks(tmp_path: Path) -> None:
+    """The goodput ledger's figures against clocks of the test: the fit's span, validation
+    (timed by a callback around evaluate), the time after the last step (a callback that
+    sleeps in on_train_end before the logger's)."""
+    from tfdp_utils.throughput._events import read_runs
+    from tfdp_utils.throughput._goodput import FitLedger
+    from tfdp_utils.throughput._summary import summarize
+
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    model = make_model(strategy, 1)
+
+    class Timed(keras.callbacks.Callback):  # type: ignore[misc]
+        validation = 0.0
+
+        def on_test_begin(self, logs: Any = None) -> None:
+            self._began = time.perf_counter()
+
+        def on_test_end(self, logs: Any = None) -> None:
+            time.sleep(0.4)
+            self.validation += time.perf_counter() - self._began
+
+        def on_train_end(self, logs: Any = None) -> None:
+            time.sleep(0.3)
+
+    timed = Timed()
+    logger = ThroughputLogger(tmp_path, global_batch_size=BATCH, log_every_n_steps=20)
+    before = time.time()
+    model.fit(
+        make_dataset().take(30),
+        epochs=3,
+        verbose=0,
+        validation_data=make_dataset().take(2),
+        callbacks=[timed, logger],
+    )
+    after = time.time()
+    run = read_runs(str(tmp_path))["global"]
+    assert len(run.ledgers) == 1 and run.ledgers[0] is not None
+    ledger = FitLedger.from_json(run.ledgers[0])
+    assert ledger is not None
+    assert before <= ledger.fit_begin <= ledger.fit_end <= after
+    # The fit's span is the call (seen by tfdp-utils' fit binding) to on_train_end; Keras'
+    # work after on_train_end (tf_keras frees its data handler there: 0.45 s seen) is outside.
+    assert (after - before) - (ledger.fit_end - ledger.fit_begin) < 1.0
+    assert ledger.train_begin is not None and ledger.fit_begin <= ledger.train_begin
+    assert ledger.process_start is not None and ledger.process_start < before
+    assert ledger.first_step == 0 and ledger.last_step == 90
+    assert len(ledger.epoch_start_seconds) == 3
+    # Validation: three evaluations, each timed by the test's callback around its own sleep.
+    assert timed.validation >= 3 * 0.4
+    assert abs(ledger.validation_seconds - timed.validation) < 0.05 + 0.05 * timed.validation
+    assert 0.3 <= ledger.after_last_step_seconds < 0.3 + 1.0
+    # The parts fit inside the fit's span (they are measured apart, by two clocks).
+    parts = (
+        ledger.step_seconds
+        + sum(ledger.epoch_start_seconds)
+        + ledger.validation_seconds
+        + ledger.after_last_step_seconds
+    )
+    assert parts <= (ledger.fit_end - ledger.fit_begin) + 0.05
+    # The report and summary() give the same job's goodput.
+    job = summarize(read_runs(str(tmp_path)))["goodput"]
+    assert job is not None and job["fits"] == 1
+    assert job["goodput"] == pytest.approx(logger.summary()["goodput"]["goodput"])
+    assert 0 < job["goodput"] < 1
+
+
 def test_missing_batch_size_fails_at_train_begin(tmp_path: Path) -> None:
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     model = make_model(strategy, 1)

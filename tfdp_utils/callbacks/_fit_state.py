@@ -164,6 +164,13 @@ class FitState:
     # Keras' own batch indices (host_step), read where the device's count would be.
     steps_from_host: bool = False
     host_step: int = 0
+    # For the fit's ledger (goodput): when it began (wall clock), the clock's reading at train
+    # begin, and
+    # the seconds of validation (evaluate inside fit).
+    wall_begin: float = 0.0  # fit called (through tfdp-utils' fit binding), else train begin
+    train_begin: float = 0.0
+    clock_origin: float = 0.0
+    validation_seconds: float = 0.0
 
     def pause(self, reason: str) -> None:
         """Stop the clock (and the input-wait total with it) for ``reason``."""

@@ -28,6 +28,7 @@ from tfdp_utils import _tf
 from tfdp_utils._tf import keras, tf
 from tfdp_utils._validate import boolean, positive_int
 from tfdp_utils.callbacks._fit_events import FitEvents
+from tfdp_utils.callbacks._fit_goodput import write_goodput
 from tfdp_utils.callbacks._fit_start import (
     count_facts,
     new_fit,
@@ -202,6 +203,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         self._summary: dict[str, Any] = {}
         self._fit: FitState | None = None  # set from train begin to train end
         self._fit_data: FitData | None = None  # set by fit_binding for one fit
+        self._fit_called: float | None = None  # when that fit was called (time.time())
         fit_binding.install(applied_by="ThroughputLogger()")  # off under TFDP_NO_KERAS_PATCHES
 
     # Keras 3 dispatches batch-end hooks on a thread pool when every callback is async safe.
@@ -221,6 +223,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
     # ------------------------------------------------------------------ hooks
 
     def on_train_begin(self, logs: Mapping[str, Any] | None = None) -> None:
+        wall_begin = time.time()
         self._events.close()  # left open when a previous fit raised before on_train_end
         if self.epoch_logs:
             # The caller is Keras' CallbackList, whose list this logger moves within.
@@ -256,6 +259,8 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
             peak_flops_per_replica=self.peak_flops_per_replica,
         )
         self._fit = fit
+        fit.train_begin, fit.clock_origin = wall_begin, fit.clock.now()
+        fit.wall_begin = self._fit_called or wall_begin
         if counting.derived_reason is not None:
             logger.warning(
                 "tfdp_utils: ThroughputLogger's example counts (and examples/s) in this fit are "
@@ -375,6 +380,8 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
             with self._lock:
                 fit.resume("validation")
                 started, fit.validation_started = fit.validation_started, None
+                if started is not None:
+                    fit.validation_seconds += time.perf_counter() - started
                 if started is not None and fit.clock.held(_EPOCH_START):
                     fit.validation_in_boundary += time.perf_counter() - started
 
@@ -392,6 +399,9 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
                 fit.input_wait_note = f"unknown: {clock.untimed}"  # determinism came on in fit
                 self._events.input_wait_note(fit, final)
             self._summary = build_summary(fit, final, log_dir=self.log_dir)
+            self._summary["goodput"] = write_goodput(
+                fit, final, self._events, self.log_dir, epoch_start=_EPOCH_START
+            )
             self._events.close()
 
     def on_fit_stopped(self, batches: int | None = None) -> None:
@@ -429,6 +439,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         another dataset, another model or another ``fit``.
         """
         self._fit_data = None if x is None else FitData(x)
+        self._fit_called = None if x is None else time.time()  # fit's start, for its ledger
 
     def summary(self) -> dict[str, Any]:
         """The figures measured in the last ``fit`` as a plain dict.

@@ -49,6 +49,10 @@ class PausableClock:
         self._paused_at = None
         return held
 
+    def stopped_for(self) -> float:
+        """Seconds since the clock stopped (0 while it runs)."""
+        return 0.0 if self._paused_at is None else self._clock() - self._paused_at
+
     def held(self, reason: str) -> bool:
         """Whether a pause for ``reason`` is held."""
         return reason in self._reasons

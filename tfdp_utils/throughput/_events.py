@@ -16,6 +16,7 @@ from tfdp_utils.throughput._tags import (
     COUNTS,
     EXAMPLES,
     EXAMPLES_PER_SEC,
+    GOODPUT_LEDGER,
     INPUT_WAIT_NOTE,
     INPUT_WAIT_SHARE,
     MEMORY_PEAK_BYTES,
@@ -53,6 +54,11 @@ class RunSeries:
     input_wait_notes: tuple[tuple[int, str], ...] = ()
     # The steps each fit logged (one event file each), in the order the fits started.
     fits: tuple[FitSpan, ...] = ()
+    # Per fit, in the same order: its GOODPUT_LEDGER text (None for a fit that wrote none: it
+    # was killed, or logged by an older version) and the wall times of its first and last
+    # points.
+    ledgers: tuple[str | None, ...] = ()
+    fit_walls: tuple[tuple[float, float], ...] = ()
 
     def values(self, tag: str) -> list[float]:
         """The values of ``tag``, in step order (empty when the run has no such tag)."""
@@ -95,6 +101,8 @@ def read_runs(log_dir: str) -> dict[str, RunSeries]:
         wait_notes: dict[int, str] = {}
         problems = []
         fits: list[FitSpan] = []
+        ledgers: list[str | None] = []
+        fit_walls: list[tuple[float, float]] = []
         read = []
         for order, path in enumerate(files):
             records, problem = _read_records(path)
@@ -103,14 +111,20 @@ def read_runs(log_dir: str) -> dict[str, RunSeries]:
             read.append((_started(records), order, records))
         for _, _, records in sorted(read, key=lambda r: r[:2]):  # the order the fits started
             own: dict[str, dict[int, float]] = {}
+            own_walls: dict[int, float] = {}
+            ledger: dict[int, str] = {}
             steps = [
                 step
                 for record in records
-                if (step := _add_points(record, own, notes, walls, wait_notes)) is not None
+                if (step := _add_points(record, own, notes, own_walls, wait_notes, ledger))
+                is not None
             ]
             _merge(points, own)
+            walls.update(own_walls)
             if steps:
                 fits.append(FitSpan(steps[0], max(steps)))
+                ledgers.append(ledger[max(ledger)] if ledger else None)
+                fit_walls.append((own_walls[steps[0]], max(own_walls.values())))
         if not points:
             continue
         name = os.path.relpath(folder, log_dir)
@@ -124,6 +138,8 @@ def read_runs(log_dir: str) -> dict[str, RunSeries]:
             dict(sorted(walls.items())),
             tuple(sorted(wait_notes.items())),
             tuple(fits),
+            tuple(ledgers),
+            tuple(fit_walls),
         )
     return dict(sorted(runs.items()))
 
@@ -160,13 +176,14 @@ def _add_points(
     notes: dict[int, str],
     walls: dict[int, float] | None = None,
     wait_notes: dict[int, str] | None = None,
+    ledgers: dict[int, str] | None = None,
 ) -> int | None:
     """Add the throughput scalars of one event record; returns its step when it held one."""
     from tensorboard.compat.proto import event_pb2
     from tensorboard.util import tensor_util
 
     event = event_pb2.Event.FromString(record)
-    texts = {COUNTS: notes, INPUT_WAIT_NOTE: wait_notes}
+    texts = {COUNTS: notes, INPUT_WAIT_NOTE: wait_notes, GOODPUT_LEDGER: ledgers}
     added = None
     for value in event.summary.value:
         if value.tag in texts and value.HasField("tensor") and value.tensor.string_val:

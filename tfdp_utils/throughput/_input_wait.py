@@ -30,7 +30,7 @@ class InputWaitMeter:
 
     def __init__(self, waited: Callable[[], float]) -> None:
         self._clock = PausableClock(waited)
-        self._mark = self._clock.now()
+        self._mark = self._origin = self._clock.now()
         self.waited_seconds = 0.0  # inside measured windows
         self.measured_seconds = 0.0
 
@@ -53,6 +53,11 @@ class InputWaitMeter:
         self.waited_seconds += waited
         self.measured_seconds += seconds
         return min(1.0, waited / seconds) if seconds > 0 else 0.0
+
+    @property
+    def total_seconds(self) -> float:
+        """Seconds waited since the meter started, paused spans left out (reads the total)."""
+        return max(0.0, self._clock.now() - self._origin)
 
     @property
     def share(self) -> float | None:

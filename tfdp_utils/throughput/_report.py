@@ -122,6 +122,27 @@ def _notes(summary: dict[str, Any]) -> list[str]:
     for note in sorted(set(derived.values())):
         names = ", ".join(n for n, v in derived.items() if v == note)
         lines.append(f"derived counts ({names}): {note}")
+    return lines + _goodput_lines(summary.get("goodput"))
+
+
+def _goodput_lines(goodput: dict[str, Any] | None) -> list[str]:
+    """The job's goodput and its losses (each with its share of the wall time)."""
+    if goodput is None:
+        return ["goodput: unknown (no fit in this log dir wrote its ledger)"]
+    wall = goodput["wall_seconds"] or 1.0
+    fits = goodput["fits"]
+    lines = [
+        "",
+        f"goodput {goodput['goodput']:.1%}: {goodput['productive_seconds']:,.1f} s of "
+        f"{goodput['wall_seconds']:,.1f} s trained the model ({fits} run{'s' if fits != 1 else ''}"
+        " of the job)",
+    ]
+    for name, loss in goodput["losses"].items():
+        lines.append(
+            f"  {name:<20} {loss['seconds']:>10,.1f} s {loss['seconds'] / wall:>6.1%}  "
+            f"{loss['kind']}: {loss['note']}"
+        )
+    lines.extend(f"  note: {note}" for note in goodput["notes"])
     return lines
 
 

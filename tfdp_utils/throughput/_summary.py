@@ -10,11 +10,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from tfdp_utils.throughput._events import RunSeries
+from tfdp_utils.throughput._goodput import goodput_of
 from tfdp_utils.throughput._input_wait import straggler, verdict
 from tfdp_utils.throughput._restarts import steps_back
 from tfdp_utils.throughput._tags import (
     EXAMPLES,
     EXAMPLES_PER_SEC,
+    GLOBAL_RUN,
     INPUT_WAIT_SHARE,
     MEMORY_PEAK_BYTES,
     STEPS_PER_SEC,
@@ -70,7 +72,10 @@ def summarize(runs: dict[str, RunSeries]) -> dict[str, Any]:
     waits = _input_waits(per_run)
     cut_short = {n: e["cut_short"] for n, e in per_run.items() if e["cut_short"]}
     derived = {n: e["counts_note"] for n, e in per_run.items() if e["counts"] == "derived"}
+    chief = runs.get(GLOBAL_RUN)
+    goodput = None if chief is None else goodput_of(chief.fits, chief.ledgers, chief.fit_walls)
     return {
+        "goodput": None if goodput is None else goodput.as_dict(),
         "runs": per_run,
         "replica_skew": _replica_skew(per_run),
         "workers": _workers_entry(per_run, runs, waits),

@@ -79,6 +79,8 @@ WORKER_STEPS_PER_SEC_MAX = "throughput/worker_steps_per_sec_max"
 WORKER_SKEW = "throughput/worker_skew"
 EPOCH_START_SECONDS = "throughput/epoch_start_seconds"
 INPUT_WAIT_SHARE = "input/wait_share"
+GOODPUT = "goodput/goodput"
+GOODPUT_LOSS_PREFIX = "goodput/loss_seconds/"
 MEMORY_CURRENT_BYTES = "memory/current_bytes"
 MEMORY_PEAK_BYTES = "memory/peak_bytes"
 
@@ -89,6 +91,23 @@ INPUT_WAIT_NOTE = "input/wait_note"
 """A text summary (not a scalar) of a fit whose input-wait share is unknown, saying why
 (``unknown: op determinism is on ...``); at the fit's first step, or its last when timing
 stopped during the fit. Absent when the share is measured."""
+
+GOODPUT_LEDGER = "goodput/ledger"
+"""A text summary (not a scalar) at each fit's last step, on the chief: where the fit's time
+went (:class:`~tfdp_utils.throughput._goodput.FitLedger`, as JSON)."""
+
+GOODPUT_LOSSES = (
+    "startup",
+    "restarts",
+    "epoch_starts",
+    "validation",
+    "input_wait",
+    "steps_trained_twice",
+    "after_last_step",
+    "other",
+)
+"""The losses of :func:`~tfdp_utils.throughput._goodput.job_goodput`, each a scalar
+``goodput/loss_seconds/<name>``."""
 
 LAYOUT_TAG = "custom_scalars__config__"
 """The tag TensorBoard's custom-scalars plugin stores :data:`LAYOUT` under (the plugin's name)."""
@@ -167,6 +186,23 @@ SCHEMA: tuple[TagSpec, ...] = (
         "worker",
         EXAMPLES_PER_SEC,
         "Measured: examples this worker's replicas trained per second {timing}.",
+    ),
+    TagSpec(
+        "global",
+        GOODPUT,
+        "Derived: the job's goodput at the end of this fit: the training steps' time (less "
+        "input waits and steps trained twice) over the wall time since the first run's start, "
+        "over every fit logged here (a resumed job is one job).",
+    ),
+    *(
+        TagSpec(
+            "global",
+            GOODPUT_LOSS_PREFIX + name,
+            f"The job's seconds lost to {name.replace('_', ' ')} over every fit logged here, "
+            "at the end of this fit (tfdp-utils report LOGDIR itemises them; each says "
+            "whether measured or derived).",
+        )
+        for name in GOODPUT_LOSSES
     ),
     TagSpec("replica", EXAMPLES, "{counted}"),
     TagSpec(
