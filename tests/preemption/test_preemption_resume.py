@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +21,14 @@ from support.processes import Process, free_port, start_python, tf_config, wait_
 
 from tfdp_utils.throughput import _tags as tags
 from tfdp_utils.throughput._report import read_runs
+from tfdp_utils.throughput._summary import summarize
 
 pytestmark = pytest.mark.keras
 
 PREEMPTED = 75  # tdu.preemption.PREEMPTED_EXIT_STATUS, checked against it below
 
 JOB = r"""
-import json, os, signal, sys
+import json, os, signal, sys, time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
 import tensorflow as tf
@@ -148,6 +150,7 @@ try:
         )
     log["weights"] = [w.tolist() for w in model.get_weights()]
 finally:
+    log["ended_at"] = time.time()  # after fit returned (or stopped): the test's clock
     log["iterations"] = int(model.optimizer.iterations.numpy())
     log["partial"] = local_counts()
     log["resumed_from"] = checkpoint.resumed_from
@@ -183,6 +186,7 @@ def _run(
     told: dict[str, str] | None = None,
     **env: str,
 ) -> list[dict[str, Any]]:
+    started = time.time()
     processes = _start(tmp, tag, directory, workers, env, told or {})
     outcomes = wait_all(processes, timeout=420, check=False)
     results = []
@@ -190,6 +194,7 @@ def _run(
         path = tmp / f"{tag}-{index}.json"
         log: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
         log["status"], log["stderr"] = outcome.returncode, outcome.stderr
+        log["popen_at"] = started
         results.append(log)
     return results
 
@@ -275,6 +280,25 @@ def test_a_notice_to_one_worker_stops_all_at_one_step_and_the_rerun_resumes_exac
     assert examples[-1] == (18, 3 * 45)
     counts = [value for _, value in examples]
     assert counts == sorted(counts)
+    _check_goodput(str(tmp_path / "tb-job"), stopped, resumed)
+
+
+def _check_goodput(
+    log_dir: str, stopped: list[dict[str, Any]], resumed: list[dict[str, Any]]
+) -> None:
+    """The job's goodput over its two runs against the test's own clock: the runs' starts
+    (before each Popen) and the chief's ``ended_at`` (after its fit returned)."""
+    job = summarize(read_runs(log_dir))["goodput"]
+    assert job is not None and job["fits"] == 2, job
+    assert not any("killed" in note for note in job["notes"])  # both runs wrote their ledger
+    span = resumed[0]["ended_at"] - stopped[0]["popen_at"]
+    assert span - 3.0 <= job["wall_seconds"] <= span, (job["wall_seconds"], span)
+    # The restart: from the stopped chief's fit end (before its ended_at) to the resumed
+    # chief's process start (after its Popen).
+    gap = job["losses"]["restarts"]["seconds"]
+    assert resumed[0]["popen_at"] - stopped[0]["ended_at"] - 0.05 <= gap
+    assert gap <= resumed[0]["popen_at"] - stopped[0]["popen_at"]
+    assert 0 < job["goodput"] < 1 and job["productive_seconds"] > 0
 
 
 def test_a_killed_job_resumes_exactly_from_its_last_periodic_checkpoint(
