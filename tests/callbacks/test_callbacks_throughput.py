@@ -426,8 +426,9 @@ def test_the_fits_ledger_agrees_with_the_tests_own_clocks(tmp_path: Path) -> Non
     # Validation: three evaluations, each inside [first's begin, last's end] and holding
     # [last's begin, first's end] (the 0.3 s sleep).
     assert len(first.tests) == len(last.tests) == 3
-    inner = sum(f_end - l_begin for (_, f_end), (l_begin, _) in zip(first.tests, last.tests))
-    outer = sum(l_end - f_begin for (f_begin, _), (_, l_end) in zip(first.tests, last.tests))
+    pairs = list(zip(first.tests, last.tests, strict=True))
+    inner = sum(f_end - l_begin for (_, f_end), (l_begin, _) in pairs)
+    outer = sum(l_end - f_begin for (f_begin, _), (_, l_end) in pairs)
     assert 3 * 0.3 <= inner <= ledger.validation_seconds <= outer
     # After the last step: at least first's 0.3 s sleep in on_train_end, inside the fit.
     assert 0.3 <= ledger.after_last_step_seconds <= ledger.fit_end - ledger.train_begin

@@ -31,6 +31,15 @@ def test_the_schema_is_pinned() -> None:
             "throughput/worker_skew",
             "throughput/epoch_start_seconds",
             "input/wait_share",
+            "goodput/goodput",
+            "goodput/loss_seconds/startup",
+            "goodput/loss_seconds/restarts",
+            "goodput/loss_seconds/epoch_starts",
+            "goodput/loss_seconds/validation",
+            "goodput/loss_seconds/input_wait",
+            "goodput/loss_seconds/steps_trained_twice",
+            "goodput/loss_seconds/after_last_step",
+            "goodput/loss_seconds/other",
         ),
         "worker": ("input/wait_share", "throughput/steps_per_sec", "throughput/examples_per_sec"),
         "replica": (
@@ -41,7 +50,11 @@ def test_the_schema_is_pinned() -> None:
         ),
     }
     assert tags.LAYOUT_TAG == "custom_scalars__config__"
-    assert (tags.COUNTS, tags.INPUT_WAIT_NOTE) == ("throughput/counts", "input/wait_note")
+    assert (tags.COUNTS, tags.INPUT_WAIT_NOTE, tags.GOODPUT_LEDGER) == (
+        "throughput/counts",
+        "input/wait_note",
+        "goodput/ledger",
+    )
 
 
 @pytest.mark.parametrize(
@@ -118,11 +131,14 @@ def test_a_job_layout_charts_only_what_it_writes() -> None:
         return {t for t in tags.TAGS if any(re.fullmatch(p, t) for p in patterns)}
 
     single = charted(tags.layout(multi_worker=False, flops=False, memory=False))
+    goodput = {t for t in tags.TAGS if t.startswith("goodput/")}  # every job's chief writes
+    assert len(goodput) == 1 + len(tags.GOODPUT_LOSSES)
     assert single == {
         tags.EXAMPLES_PER_SEC,
         tags.STEPS_PER_SEC,
         tags.EXAMPLES,
         tags.EPOCH_START_SECONDS,
+        *goodput,
     }
     everything = charted(tags.layout(multi_worker=True, flops=True, memory=True, input_wait=True))
     assert everything == charted(tags.LAYOUT) == tags.TAGS - {tags.FLOPS_PER_SEC}

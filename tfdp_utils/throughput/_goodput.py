@@ -191,6 +191,49 @@ def _startup_and_gaps(ordered: Sequence[FitLedger]) -> tuple[float, float]:
     return startup, gaps
 
 
+LOSSES: dict[str, tuple[Kind, str]] = {
+    "startup": (
+        "measured",
+        "process start to each run's first step: import, strategy, model, first trace and step",
+    ),
+    "restarts": ("measured", "from one run's end to the next run's process start (wall clocks)"),
+    "epoch_starts": (
+        "measured",
+        "each later epoch's start: the input pipeline's rebuild and first step",
+    ),
+    "validation": ("measured", "evaluate inside fit (validation_data)"),
+    "input_wait": ("measured", "steps waiting for their next batch"),
+    "steps_trained_twice": (
+        "derived",
+        "steps a resumed run trained again (an older checkpoint), at their mean time",
+    ),
+    "after_last_step": (
+        "measured",
+        "from the last step's end to the end of fit (final callbacks and saves)",
+    ),
+    "other": (
+        "derived",
+        "the wall time the items above do not hold: other callbacks' hooks, checkpoint saves "
+        "between steps, the program's own time between fits",
+    ),
+}
+"""Each loss: whether it is measured or derived, and what it holds (in the report's order)."""
+
+
+def _notes(ordered: Sequence[FitLedger]) -> tuple[str, ...]:
+    notes = []
+    if any(f.process_start is None for f in ordered):
+        notes.append("a process start is unknown on this platform: its run counts from fit")
+    if any(f.input_wait_seconds is None for f in ordered):
+        notes.append("input waits are measured on builder datasets only")
+    if any(f.derived for f in ordered):
+        notes.append(
+            "a run killed without notice left no ledger: its figures are read from its event "
+            "file's points (derived)"
+        )
+    return tuple(notes)
+
+
 def job_goodput(ledgers: Sequence[FitLedger]) -> Goodput:
     """The goodput of the job whose fits left ``ledgers`` (any order; one worker's).
 
@@ -200,81 +243,28 @@ def job_goodput(ledgers: Sequence[FitLedger]) -> Goodput:
     if not ledgers:
         raise ValueError("no fit ended in this log dir: nothing to compute goodput from.")
     ordered = sorted(ledgers, key=lambda f: f.fit_begin)
-    start = ordered[0].started
-    wall = max(0.0, max(f.fit_end for f in ordered) - start)
+    wall = max(0.0, max(f.fit_end for f in ordered) - ordered[0].started)
     twice = _twice(ordered)
-    waits = [f.input_wait_seconds for f in ordered if f.input_wait_seconds is not None]
-    waited = sum(waits)
-    steps = sum(f.step_seconds for f in ordered)
-    productive = max(0.0, steps - waited - twice)
+    waited = sum(f.input_wait_seconds or 0.0 for f in ordered)
+    productive = max(0.0, sum(f.step_seconds for f in ordered) - waited - twice)
     startup, gaps = _startup_and_gaps(ordered)
-    derived = any(f.derived for f in ordered)
-    losses = [
-        Loss(
-            "startup",
-            startup,
-            "measured",
-            "import, strategy, model building, first trace and first step of each run",
-        ),
-        Loss(
-            "restarts",
-            gaps,
-            "measured",
-            "from one run's end to the next run's process start (wall clocks)",
-        ),
-        Loss(
-            "epoch_starts",
-            sum(sum(f.epoch_start_seconds[1:]) for f in ordered),
-            "measured",
-            "each later epoch's start: the input pipeline's rebuild and first step",
-        ),
-        Loss(
-            "validation",
-            sum(f.validation_seconds for f in ordered),
-            "measured",
-            "evaluate inside fit (validation_data)",
-        ),
-        Loss("input_wait", waited, "measured", "steps waiting for their next batch"),
-        Loss(
-            "steps_trained_twice",
-            twice,
-            "derived",
-            "steps a resumed run trained again (an older checkpoint), at their mean time",
-        ),
-        Loss(
-            "after_last_step",
-            sum(f.after_last_step_seconds for f in ordered),
-            "measured",
-            "from the last step's end to the end of fit (final callbacks and saves)",
-        ),
-    ]
-    other = wall - productive - sum(loss.seconds for loss in losses)
-    losses.append(
-        Loss(
-            "other",
-            max(0.0, other),
-            "derived",
-            "the wall time the items above do not hold: other callbacks' hooks, "
-            "checkpoint saves between steps, before the first fit of a run",
-        )
-    )
-    notes = []
-    if any(f.process_start is None for f in ordered):
-        notes.append("a process start is unknown on this platform: its run counts from fit")
-    if len(waits) < len(ordered):
-        notes.append("input waits are measured on builder datasets only")
-    if derived:
-        notes.append(
-            "a run killed without notice left no ledger: its figures are read from "
-            "its event file's points (derived)"
-        )
+    seconds = {
+        "startup": startup,
+        "restarts": gaps,
+        "epoch_starts": sum(sum(f.epoch_start_seconds[1:]) for f in ordered),
+        "validation": sum(f.validation_seconds for f in ordered),
+        "input_wait": waited,
+        "steps_trained_twice": twice,
+        "after_last_step": sum(f.after_last_step_seconds for f in ordered),
+    }
+    seconds["other"] = max(0.0, wall - productive - sum(seconds.values()))
     return Goodput(
         goodput=productive / wall if wall > 0 else 0.0,
         wall_seconds=wall,
         productive_seconds=productive,
-        losses=tuple(losses),
+        losses=tuple(Loss(name, seconds[name], *LOSSES[name]) for name in LOSSES),
         fits=len(ordered),
-        notes=tuple(notes),
+        notes=_notes(ordered),
     )
 
 

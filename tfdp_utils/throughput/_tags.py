@@ -198,9 +198,9 @@ SCHEMA: tuple[TagSpec, ...] = (
         TagSpec(
             "global",
             GOODPUT_LOSS_PREFIX + name,
-            f"The job's seconds lost to {name.replace('_', ' ')} over every fit logged here, "
-            "at the end of this fit (tfdp-utils report LOGDIR itemises them; each says "
-            "whether measured or derived).",
+            f"Derived: the job's seconds lost to {name.replace('_', ' ')} over every fit "
+            "logged here, at the end of this fit, added up from the fits' ledgers (tfdp-utils "
+            "report LOGDIR says whether each item was measured or derived).",
         )
         for name in GOODPUT_LOSSES
     ),
@@ -331,6 +331,13 @@ _TRAINED = Chart("examples trained", (f"^{EXAMPLES}$",))
 _EPOCH_STARTS = Chart("epoch start (s)", (f"^{EPOCH_START_SECONDS}$",))
 _MFU = Chart("MFU", (f"^{MFU}$",))
 _INPUT_WAIT = Chart("input wait share: global and workers", (f"^{INPUT_WAIT_SHARE}$",))
+_GOODPUT = Category(
+    "goodput",
+    (
+        Chart("the job's goodput", (f"^{GOODPUT}$",)),
+        Chart("the job's losses (s)", (f"^{GOODPUT_LOSS_PREFIX}.*$",)),
+    ),
+)
 _MEMORY = Category("memory", (Chart("device memory per replica", (r"^memory/.*_bytes$",)),), True)
 
 
@@ -353,7 +360,7 @@ def layout(
     charts += [_TRAINED, _EPOCH_STARTS]
     if flops:
         charts.append(_MFU)
-    categories = [Category("throughput", tuple(charts))]
+    categories = [Category("throughput", tuple(charts)), _GOODPUT]
     if memory:
         categories.append(_MEMORY)
     return tuple(categories)
