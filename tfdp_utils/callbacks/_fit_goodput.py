@@ -8,6 +8,7 @@ last step: ``tfdp-utils report LOGDIR`` itemises them.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import Any
@@ -23,6 +24,8 @@ from tfdp_utils.throughput._goodput import (
     process_start_time,
 )
 from tfdp_utils.throughput._tags import GLOBAL_RUN
+
+logger = logging.getLogger("tfdp_utils")
 
 PROCESS_START = process_start_time()
 """When this process started (None off Linux): its import of TensorFlow counts as start-up."""
@@ -66,7 +69,13 @@ def earlier_ledgers(log_dir: str, since: float) -> list[FitLedger]:
         return []
     try:
         run = read_runs(folder).get(".")
-    except (OSError, ValueError):
+    except Exception as error:  # a damaged earlier file must not fail this fit's end
+        logger.warning(
+            "tfdp_utils: the job's earlier fits in %s could not be read (%s): the goodput "
+            "written now covers this fit only",
+            folder,
+            error,
+        )
         return []
     if run is None or not len(run.fits) == len(run.ledgers) == len(run.fit_walls):
         return []
