@@ -153,3 +153,12 @@ def test_a_resumed_job_goes_on_with_its_series(
     rate_steps = [step for step, _ in rates]
     assert rate_steps and rate_steps[0] <= stopped_at + 2 * spe + gap, rate_steps
     assert all(b - a <= gap + spe for a, b in itertools.pairwise(rate_steps)), rate_steps
+    # The job's goodput spans both fits (one process: no restart between them), whatever the
+    # settings; validation is a loss exactly where the cell validates.
+    from tfdp_utils.throughput._events import read_runs
+    from tfdp_utils.throughput._summary import summarize
+
+    goodput = summarize(read_runs(str(tmp_path / "logs")))["goodput"]
+    assert goodput is not None and goodput["fits"] == 2, goodput
+    assert 0 < goodput["goodput"] < 1 and goodput["losses"]["restarts"]["seconds"] == 0.0
+    assert (goodput["losses"]["validation"]["seconds"] > 0) == settings.validation, goodput
