@@ -20,7 +20,9 @@ from tfdp_utils._public import public
 from tfdp_utils._validate import env_seconds, positive_float
 from tfdp_utils._waiting import Deadline, WaitProgress, join_within
 from tfdp_utils.cluster._config import ClusterConfig
-from tfdp_utils.cluster._rendezvous import reachable, wait_for_peers, wait_for_servers
+from tfdp_utils.cluster._grpc_probe import describe as describe_answer
+from tfdp_utils.cluster._grpc_probe import grpc_answer
+from tfdp_utils.cluster._rendezvous import wait_for_peers, wait_for_servers
 from tfdp_utils.cluster._topology import is_multi_worker
 from tfdp_utils.strategy._faults import COLLECTIVE_TIMEOUT_VARIABLE, CollectiveWatchdog
 
@@ -99,11 +101,10 @@ def connect_tpu(address: str | None, probe_timeout: float) -> Any:
     master = str(resolver.master() or "")
     if master.startswith("grpc://"):
         target = master[len("grpc://") :]
-        if not reachable(target, probe_timeout):
-            raise TimeoutError(
-                f"TPU worker {target} did not accept a connection within "
-                f"probe_timeout={probe_timeout:g} s"
-            )
+        # A worker that accepts and never answers would hold TensorFlow's connect forever.
+        answer = grpc_answer(target, probe_timeout)
+        if answer != "grpc":
+            raise TimeoutError(describe_answer(answer, target, probe_timeout))
         tf.config.experimental_connect_to_cluster(resolver)
     tf.tpu.experimental.initialize_tpu_system(resolver)
     strategy = tf.distribute.TPUStrategy(resolver)
