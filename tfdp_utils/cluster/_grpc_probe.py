@@ -59,8 +59,8 @@ def describe(answer: Answer, address: str, timeout: float) -> str:
     """What ``answer`` means for a TPU worker at ``address``, in a sentence's words."""
     return {
         "grpc": f"TPU worker {address} answered as a gRPC server",
-        "down": f"TPU worker {address} did not accept a connection within "
-        f"probe_timeout={timeout:g} s",
+        "down": f"TPU worker {address} did not accept a connection (refused, or no answer "
+        f"within probe_timeout={timeout:g} s)",
         "unresolved": f"TPU worker {address}: its host name does not resolve here",
         "silent": f"TPU worker {address} accepted a connection but did not answer as a gRPC "
         f"server within probe_timeout={timeout:g} s (TensorFlow would wait for it forever)",
