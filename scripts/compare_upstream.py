@@ -17,7 +17,8 @@ Python warning; the exception), and then whether a short Keras 3 ``fit`` trains 
 result, under the same bound. A process that outlives its bounds is killed; the whole run
 stops starting scenarios after ``--budget`` seconds. Servers started here (a socket that
 accepts and never answers, for the silent metadata server and TPU worker) bind 127.0.0.1,
-and every cluster address is on 127.0.0.1.
+Ray gets 127.0.0.1 as its node address, and every cluster address is on 127.0.0.1
+(``localhost``, the fake srun's node, for SLURM).
 
 Writes ``scripts/compare_upstream.out.json`` (everything recorded) and the table between
 the markers of ``docs/upstream-auto-strategy.md``. Exits 0 when every scenario ran.

@@ -9,6 +9,8 @@ import pytest
 from tfdp_utils import cli
 from tfdp_utils.strategy._upstream import UPSTREAM_NAME, upstream_auto_strategy, upstream_note
 
+pytestmark = pytest.mark.pure
+
 
 def _tensorflow(**experimental: object) -> types.SimpleNamespace:
     """A stand-in for the ``tensorflow`` module with these ``tf.distribute.experimental`` names."""
