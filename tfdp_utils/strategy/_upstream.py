@@ -14,8 +14,8 @@ UPSTREAM_NAME = "tf.distribute.experimental.auto_strategy"
 UPSTREAM_DIFFERENCE = (
     f"TensorFlow's own {UPSTREAM_NAME}() exists too; tdu.auto_strategy() differs: it also "
     "reads SLURM, Kubernetes and TFDP_STRATEGY, bounds every TPU probe and peer wait "
-    "(upstream's can hang), mirrors logical CPUs, refuses a malformed or parameter-server "
-    "TF_CONFIG instead of falling back to one device, fixes Keras 3 fit over 2+ workers "
+    "(upstream's can hang), mirrors logical CPUs, does not fall back to one device on a "
+    "malformed or parameter-server TF_CONFIG, fixes Keras 3 fit over 2+ workers "
     "(keras#20585), and says why it chose (docs/upstream-auto-strategy.md)"
 )
 """What the line says: the differences measured by scripts/compare_upstream.py."""
