@@ -248,6 +248,16 @@ def eager_context() -> Any:
     return context
 
 
+def initialized_tpu_systems() -> dict[str, Any]:
+    """The TPU systems this process initialised, by TPU name (``tensorflow.python.tpu.
+    tpu_strategy_util.get_initialized_tpu_systems``; empty where TensorFlow lacks it)."""
+    try:
+        from tensorflow.python.tpu import tpu_strategy_util
+    except ImportError:  # pragma: no cover - every supported TensorFlow has it
+        return {}
+    return dict(getattr(tpu_strategy_util, "get_initialized_tpu_systems", dict)())
+
+
 def framework_errors() -> Any:
     """TensorFlow's ``tensorflow.python.framework.errors`` (``UnavailableError`` and kin)."""
     from tensorflow.python.framework import errors

@@ -86,6 +86,7 @@ def _tensorflow_report(facts: dict[str, Any]) -> dict[str, Any]:
     from tfdp_utils.strategy._build import parameter_server_refusal
     from tfdp_utils.strategy._choice import choose_strategy
     from tfdp_utils.strategy._detect import detect_environment, local_devices
+    from tfdp_utils.strategy._upstream import upstream_note
     from tfdp_utils.strategy._xla import keras_xla
 
     report: dict[str, Any] = {
@@ -93,6 +94,7 @@ def _tensorflow_report(facts: dict[str, Any]) -> dict[str, Any]:
         "keras": KERAS_VERSION,
         "keras_flavour": "keras3" if IS_KERAS3 else "tf_keras",
         "tf_keras_active": not IS_KERAS3,
+        "upstream_auto_strategy": upstream_note(tf),
     }
     if refusal is not None:
         gpus, cpus, tpus = local_devices()
@@ -205,6 +207,8 @@ def _format_tensorflow(report: dict[str, Any]) -> str:
     lines.append(f"- Why: {report.get('reason')}")
     if report.get("keras_xla"):
         lines.append(f"- {report['keras_xla']}")
+    if report.get("upstream_auto_strategy"):
+        lines.append(f"- Upstream: {report['upstream_auto_strategy']}")
     return "\n".join(lines)
 
 

@@ -106,12 +106,28 @@ class _FixedTrainer:
         self._symbolic_build(data_batch=data_batch)
 
 
-def test_20585_probe_tells_fixed_from_buggy_code() -> None:
-    buggy = types.SimpleNamespace(TensorFlowTrainer=_UpstreamTrainer)
-    fixed = types.SimpleNamespace(TensorFlowTrainer=_FixedTrainer)
+@pytest.mark.parametrize("class_name", ["TensorFlowTrainer", "Trainer"])
+def test_20585_probe_tells_fixed_from_buggy_code(class_name: str) -> None:
+    # Keras <= 3.15 names the class TensorFlowTrainer; the 3.16 nightlies name it Trainer.
+    buggy = types.SimpleNamespace(**{class_name: _UpstreamTrainer})
+    fixed = types.SimpleNamespace(**{class_name: _FixedTrainer})
     assert keras_20585.probe(buggy) is True
     assert keras_20585.probe(fixed) is False
     assert keras_20585.probe(types.SimpleNamespace()) is False  # code path gone
+
+
+def test_the_trainer_class_is_found_by_either_name() -> None:
+    from tfdp_utils.compat._registry import keras3_trainer_class
+
+    assert keras3_trainer_class(types.SimpleNamespace(TensorFlowTrainer=_UpstreamTrainer)) is (
+        _UpstreamTrainer
+    )
+    assert keras3_trainer_class(types.SimpleNamespace(Trainer=_FixedTrainer)) is _FixedTrainer
+    assert keras3_trainer_class(types.SimpleNamespace(Trainer="not a class")) is None
+    assert keras3_trainer_class(None) is None
+    trainer = keras3_trainer_module()
+    if trainer is not None:  # the installed Keras 3: its class, whatever its name
+        assert keras3_trainer_class(trainer) is not None
 
 
 def _upstream_reduce(values: Any, strategy: Any, reduction: Any) -> Any:

@@ -153,6 +153,38 @@ def test_silent_tpu_metadata_server_falls_back_within_probe_timeout(monkeypatch,
     assert any("falling back" in r.getMessage() for r in caplog.records)
 
 
+def test_silent_tpu_worker_falls_back_within_probe_timeout(monkeypatch, caplog):
+    # A grpc:// TPU address that accepts connections and never answers: TensorFlow's own
+    # experimental_connect_to_cluster would wait for it forever (docs/upstream-auto-strategy.md).
+    server = _SilentServer()
+    try:
+        monkeypatch.setenv("TPU_NAME", f"grpc://127.0.0.1:{server.port}")
+        start = time.monotonic()
+        with caplog.at_level(logging.INFO, logger="tfdp_utils"):
+            strategy = tdu.auto_strategy(probe_timeout=2.0)
+        elapsed = time.monotonic() - start
+        assert server.accepted, "the probe never reached the TPU worker"
+    finally:
+        server.close()
+    assert elapsed < 2.0 + 1.0
+    assert isinstance(strategy, tf.distribute.MirroredStrategy)
+    reason = explain(strategy).reason
+    assert "accepted a connection but did not answer as a gRPC server" in reason
+    assert "probe_timeout=2" in reason
+
+
+def test_a_tensorflow_server_answers_the_grpc_probe():
+    from tfdp_utils.cluster._grpc_probe import grpc_answer
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    spec = tf.train.ClusterSpec({"worker": [f"127.0.0.1:{port}"]})
+    server = tf.distribute.Server(spec, job_name="worker", task_index=0, start=True)
+    assert server.target == f"grpc://127.0.0.1:{port}"
+    assert grpc_answer(f"127.0.0.1:{port}", timeout=5.0) == "grpc"
+
+
 def test_explicit_tpu_without_tpu_raises(monkeypatch):
     monkeypatch.delenv("TPU_NAME", raising=False)
     with pytest.raises(tdu.TPUProbeError, match="prefer='auto' to fall back") as raised:

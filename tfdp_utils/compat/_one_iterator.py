@@ -55,6 +55,7 @@ from tfdp_utils.compat._registry import (
     REGISTRY,
     RuntimeChange,
     change_of,
+    keras3_trainer_class,
     keras3_trainer_module,
     replace_method,
 )
@@ -101,7 +102,7 @@ def install(*, applied_by: str) -> bool:
             return False
         patches = []
         trainer = keras3_trainer_module() if IS_KERAS3 else None
-        owner = getattr(trainer, "TensorFlowTrainer", None)
+        owner = keras3_trainer_class(trainer)
         method = getattr(owner, "_maybe_symbolic_build", None)
         if owner is not None and method is not None and change_of(method) != CHANGE.name:
             replacement = _build_from_spec(method)

@@ -294,6 +294,24 @@ def source_shows(method: Callable[..., Any] | None, has_bug: Callable[[str], boo
     return has_bug(source)
 
 
+TRAINER_MODULE = "keras.src.backend.tensorflow.trainer"
+"""Where Keras 3 keeps its TensorFlow trainer and the helpers it traces."""
+
+TRAINER_CLASS_NAMES: tuple[str, ...] = ("TensorFlowTrainer", "Trainer")
+"""The TensorFlow trainer class's name in :data:`TRAINER_MODULE`: ``TensorFlowTrainer`` in
+Keras <= 3.15, ``Trainer`` in Keras 3.16 nightlies (keras-nightly 3.16.0.dev2026102704, whose
+base class became ``BaseTrainer``)."""
+
+
+def keras3_trainer_class(trainer: ModuleType | None) -> Any:
+    """The TensorFlow trainer class of Keras 3's ``trainer`` module, by either name, or None."""
+    for name in TRAINER_CLASS_NAMES:
+        cls = getattr(trainer, name, None)
+        if isinstance(cls, type):
+            return cls
+    return None
+
+
 def keras3_trainer_module() -> ModuleType | None:
     """Keras 3's ``keras.src.backend.tensorflow.trainer`` if the resolved Keras uses it, else None.
 
@@ -303,7 +321,7 @@ def keras3_trainer_module() -> ModuleType | None:
     if not IS_KERAS3:
         return None
     for cls in getattr(keras, "Model", object).__mro__:
-        if cls.__name__ == "TensorFlowTrainer":
+        if cls.__name__ == "TensorFlowTrainer" or cls.__module__ == TRAINER_MODULE:
             return sys.modules.get(cls.__module__)
     return None  # Keras 3 on another backend (JAX, torch): none of these bugs apply.
 

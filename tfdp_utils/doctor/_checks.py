@@ -94,17 +94,22 @@ def _timed(section: str, name: str, body: Callable[[], tuple[Status, str]]) -> C
 def build_facts() -> list[Check]:
     """TensorFlow's build (CUDA/cuDNN), the active Keras and the devices TensorFlow sees."""
     from tfdp_utils._tf import KERAS_FLAVOUR, KERAS_VERSION, tf
+    from tfdp_utils.strategy._upstream import UPSTREAM_NAME, upstream_note
 
     info = dict(tf.sysconfig.get_build_info())
     cuda = info.get("cuda_version") or "none (CPU build)"
     cudnn = info.get("cudnn_version") or "none"
     devices = collections.Counter(d.device_type for d in tf.config.list_logical_devices())
     seen = ", ".join(f"{n} {kind}" for kind, n in sorted(devices.items()))
-    return [
+    facts = [
         Check("versions", "Keras in use", "INFO", f"{KERAS_VERSION} ({KERAS_FLAVOUR})"),
         Check("versions", "CUDA / cuDNN (TensorFlow build)", "INFO", f"{cuda} / {cudnn}"),
         Check("versions", "logical devices", "INFO", seen),
     ]
+    note = upstream_note(tf)
+    if note is not None:
+        facts.append(Check("versions", f"{UPSTREAM_NAME}()", "INFO", note))
+    return facts
 
 
 def known_issue_checks(*, gpus: int, tpus: int) -> list[Check]:

@@ -9,6 +9,7 @@
 ``strategy/_phase_board.py``  each worker's phase and abort mark, in the coordination store
 ``strategy/_phase_tracker.py`` the watchdog's sampling of the training thread
 ``strategy/_xla.py``          whether Keras will compile with XLA under a strategy (pure)
+``strategy/_upstream.py``     TensorFlow's own auto_strategy beside ours, in one line (pure)
 ============================  =============================================================
 
 Importing this package imports no TensorFlow; each name loads its module on first use.

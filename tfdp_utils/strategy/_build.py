@@ -20,7 +20,9 @@ from tfdp_utils._public import public
 from tfdp_utils._validate import env_seconds, positive_float
 from tfdp_utils._waiting import Deadline, WaitProgress, join_within
 from tfdp_utils.cluster._config import ClusterConfig
-from tfdp_utils.cluster._rendezvous import reachable, wait_for_peers, wait_for_servers
+from tfdp_utils.cluster._grpc_probe import describe as describe_answer
+from tfdp_utils.cluster._grpc_probe import grpc_answer
+from tfdp_utils.cluster._rendezvous import wait_for_peers, wait_for_servers
 from tfdp_utils.cluster._topology import is_multi_worker
 from tfdp_utils.strategy._faults import COLLECTIVE_TIMEOUT_VARIABLE, CollectiveWatchdog
 
@@ -83,6 +85,14 @@ def _call_with_timeout(fn: Any, timeout: float, what: str) -> Any:
     return box["value"]
 
 
+def tpu_initialized(resolver: Any) -> bool:
+    """Whether this process already initialised the TPU system ``resolver`` names (by
+    ``tf.tpu.experimental.initialize_tpu_system``, ours or the program's own)."""
+    from tfdp_utils._tf import initialized_tpu_systems
+
+    return str(getattr(resolver, "_tpu", "") or "") in initialized_tpu_systems()
+
+
 def connect_tpu(address: str | None, probe_timeout: float) -> Any:
     """Resolve, reach and initialise a TPU, each networked step bounded by ``probe_timeout``."""
     from tfdp_utils._tf import tf
@@ -96,16 +106,18 @@ def connect_tpu(address: str | None, probe_timeout: float) -> Any:
         probe_timeout,
         "TPU resolver (GCE metadata server)",
     )
-    master = str(resolver.master() or "")
-    if master.startswith("grpc://"):
-        target = master[len("grpc://") :]
-        if not reachable(target, probe_timeout):
-            raise TimeoutError(
-                f"TPU worker {target} did not accept a connection within "
-                f"probe_timeout={probe_timeout:g} s"
-            )
-        tf.config.experimental_connect_to_cluster(resolver)
-    tf.tpu.experimental.initialize_tpu_system(resolver)
+    if not tpu_initialized(resolver):
+        # Initialising again would wipe what the program already placed on the TPU; as
+        # TensorFlow's own auto_strategy, reuse a system this process initialised itself.
+        master = str(resolver.master() or "")
+        if master.startswith("grpc://"):
+            target = master[len("grpc://") :]
+            # A worker that accepts and never answers would hold TensorFlow's connect forever.
+            answer = grpc_answer(target, probe_timeout)
+            if answer != "grpc":
+                raise TimeoutError(describe_answer(answer, target, probe_timeout))
+            tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
     strategy = tf.distribute.TPUStrategy(resolver)
     with _CACHE_LOCK:
         _CACHE[key] = strategy
