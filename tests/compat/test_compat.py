@@ -26,7 +26,13 @@ from tfdp_utils.compat import _keras_20585 as keras_20585
 from tfdp_utils.compat import _keras_lso_replicas as keras_lso_replicas
 from tfdp_utils.compat import _switch
 from tfdp_utils.compat import _tf_72388 as tf_72388
-from tfdp_utils.compat._registry import REGISTRY, Patch, change_of, keras3_trainer_module
+from tfdp_utils.compat._registry import (
+    REGISTRY,
+    Patch,
+    change_of,
+    keras3_trainer_module,
+    trainer_class,
+)
 
 ISSUES = (
     "keras#20585",
@@ -112,6 +118,17 @@ def test_20585_probe_tells_fixed_from_buggy_code() -> None:
     assert keras_20585.probe(buggy) is True
     assert keras_20585.probe(fixed) is False
     assert keras_20585.probe(types.SimpleNamespace()) is False  # code path gone
+
+
+def test_the_trainer_class_is_found_under_its_keras_nightly_name() -> None:
+    # keras-nightly 3.16.0.dev (TensorFlow 2.22) renamed TensorFlowTrainer to Trainer: the
+    # probes read the same code under the new name instead of finding no trainer at all.
+    renamed = types.SimpleNamespace(Trainer=_UpstreamTrainer)
+    assert trainer_class(renamed) is _UpstreamTrainer
+    assert keras_20585.probe(renamed) is True
+    both = types.SimpleNamespace(TensorFlowTrainer=_FixedTrainer, Trainer=_UpstreamTrainer)
+    assert trainer_class(both) is _FixedTrainer  # Keras <= 3.15: TensorFlowTrainer is the class
+    assert trainer_class(types.SimpleNamespace(Trainer="not a class")) is None
 
 
 def _upstream_reduce(values: Any, strategy: Any, reduction: Any) -> Any:
@@ -266,10 +283,10 @@ def test_only_keras3_tensorflow_trainer_is_patched(fresh: None) -> None:
     for patch in _workaround_patches():
         assert patch.owner in (
             trainer,
-            trainer.TensorFlowTrainer,
+            trainer_class(trainer),
             keras_20582.tf_optimizer_class(trainer),
             keras_lso_replicas.loss_scale_optimizer_class(trainer),
-        ) or (patch.owner, patch.name) == (trainer.TensorFlowTrainer.__mro__[1], "compile")
+        ) or (patch.owner, patch.name) == (trainer_class(trainer).__mro__[1], "compile")
 
 
 @pytest.mark.keras

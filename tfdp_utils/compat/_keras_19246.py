@@ -45,6 +45,7 @@ from tfdp_utils.compat._registry import (
     keras_version,
     replace_method,
     source_shows,
+    trainer_class,
 )
 from tfdp_utils.errors import KerasCompatError
 
@@ -109,7 +110,7 @@ def probe(trainer: ModuleType) -> bool:
     the loop Keras traces: ``TensorFlowTrainer._make_function``. When the source is not
     available the bug is assumed present; the replacement gives the same results either way.
     """
-    method = getattr(getattr(trainer, "TensorFlowTrainer", None), "_make_function", None)
+    method = getattr(trainer_class(trainer), "_make_function", None)
     # None: the loop is traced elsewhere in this Keras, nothing known to work around.
     return source_shows(method, step_inside_cond)
 
@@ -127,7 +128,7 @@ def affected(model: Any) -> bool:
 
 
 def _fixable(trainer: ModuleType) -> bool:
-    cls = getattr(trainer, "TensorFlowTrainer", None)
+    cls = trainer_class(trainer)
     if cls is None or not hasattr(trainer, "reduce_per_replica"):
         return False
     make_function = getattr(cls, "_make_function", None)
@@ -225,7 +226,7 @@ def _guard_factory(original: Any) -> Any:
 
 def install_guard(trainer: ModuleType) -> tuple[str, list[Patch]]:
     """Make affected ``fit``/``evaluate`` calls fail before the first step with a clear error."""
-    cls = trainer.TensorFlowTrainer
+    cls = trainer_class(trainer)
     patches = [
         replace_method(cls, name, _guard_factory(getattr(cls, name)), change=ISSUE)
         for name in ("make_train_function", "make_test_function")
@@ -271,7 +272,7 @@ def install(trainer: ModuleType) -> tuple[str, list[Patch]]:
     Either way ``compile`` checks ``steps_per_execution`` first: the replaced loop owns it,
     and Keras' own errors for 0, -1, 2.5 or ``"auto"`` name neither the argument nor the fix.
     """
-    cls = trainer.TensorFlowTrainer
+    cls = trainer_class(trainer)
     # On the class that defines compile (Keras' Trainer): load_model compiles a restored
     # model only when ``type(model).compile`` is ``Trainer.compile``.
     owner = next(c for c in cls.__mro__ if "compile" in vars(c))

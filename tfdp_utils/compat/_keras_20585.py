@@ -21,7 +21,13 @@ from typing import Any
 from tfdp_utils._tf import tf
 from tfdp_utils.cluster._topology import is_multi_worker
 from tfdp_utils.compat import _one_iterator as one_iterator
-from tfdp_utils.compat._registry import Patch, Workaround, first_local_value, replace_method
+from tfdp_utils.compat._registry import (
+    Patch,
+    Workaround,
+    first_local_value,
+    replace_method,
+    trainer_class,
+)
 
 ISSUE = "keras#20585"
 
@@ -68,7 +74,7 @@ def probe(trainer: ModuleType) -> bool:
     MultiWorkerMirroredStrategy cannot reduce a nest (only single values), so a nest
     reaching ``reduce`` is the bug.
     """
-    method = getattr(getattr(trainer, "TensorFlowTrainer", None), "_maybe_symbolic_build", None)
+    method = getattr(trainer_class(trainer), "_maybe_symbolic_build", None)
     if method is None:
         return False  # the code path is gone; nothing to work around
     # Keras >= 3.11 iterates (begin_step, end_step, iterator) here, Keras <= 3.10
@@ -105,7 +111,7 @@ def install(trainer: ModuleType) -> tuple[str, list[Patch]]:
     """Replace ``TensorFlowTrainer._maybe_symbolic_build``: multi-worker strategies, and a first
     batch cut unevenly over the replicas, build from the first local replica's batch; every
     other build is Keras' own."""
-    cls = trainer.TensorFlowTrainer
+    cls = trainer_class(trainer)
     original = cls._maybe_symbolic_build
 
     def _maybe_symbolic_build(self: Any, iterator: Any = None, data_batch: Any = None) -> Any:

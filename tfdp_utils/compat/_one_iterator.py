@@ -57,6 +57,7 @@ from tfdp_utils.compat._registry import (
     change_of,
     keras3_trainer_module,
     replace_method,
+    trainer_class,
 )
 from tfdp_utils.compat._switch import disabled
 
@@ -101,7 +102,7 @@ def install(*, applied_by: str) -> bool:
             return False
         patches = []
         trainer = keras3_trainer_module() if IS_KERAS3 else None
-        owner = getattr(trainer, "TensorFlowTrainer", None)
+        owner = trainer_class(trainer) if trainer is not None else None
         method = getattr(owner, "_maybe_symbolic_build", None)
         if owner is not None and method is not None and change_of(method) != CHANGE.name:
             replacement = _build_from_spec(method)

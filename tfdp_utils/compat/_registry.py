@@ -294,6 +294,14 @@ def source_shows(method: Callable[..., Any] | None, has_bug: Callable[[str], boo
     return has_bug(source)
 
 
+TRAINER_CLASS_NAMES: tuple[str, ...] = ("TensorFlowTrainer", "Trainer")
+"""Keras 3's TensorFlow trainer class, in ``keras.src.backend.tensorflow.trainer``:
+``TensorFlowTrainer`` up to Keras 3.15, ``Trainer`` in keras-nightly 3.16.0.dev (TensorFlow
+2.22's Keras, whose backend-independent base became ``BaseTrainer``)."""
+
+_TRAINER_MODULE = "keras.src.backend.tensorflow.trainer"
+
+
 def keras3_trainer_module() -> ModuleType | None:
     """Keras 3's ``keras.src.backend.tensorflow.trainer`` if the resolved Keras uses it, else None.
 
@@ -303,9 +311,19 @@ def keras3_trainer_module() -> ModuleType | None:
     if not IS_KERAS3:
         return None
     for cls in getattr(keras, "Model", object).__mro__:
-        if cls.__name__ == "TensorFlowTrainer":
+        if cls.__name__ == "TensorFlowTrainer" or cls.__module__ == _TRAINER_MODULE:
             return sys.modules.get(cls.__module__)
     return None  # Keras 3 on another backend (JAX, torch): none of these bugs apply.
+
+
+def trainer_class(trainer: ModuleType) -> Any:
+    """The TensorFlow trainer class of Keras 3's ``trainer`` module (``TensorFlowTrainer``, or
+    ``Trainer`` in keras-nightly), or None when it has neither."""
+    for name in TRAINER_CLASS_NAMES:
+        cls = getattr(trainer, name, None)
+        if isinstance(cls, type):
+            return cls
+    return None
 
 
 def keras_version() -> str:
