@@ -14,6 +14,7 @@ import struct
 import subprocess
 import sys
 import time
+from importlib import metadata
 from pathlib import Path
 
 import numpy as np
@@ -154,6 +155,37 @@ def test_env_without_tensorflow_reports_it(tmp_path: Path) -> None:
     assert "- TensorFlow: not installed" in result.stdout
     assert "No module named tensorflow" in result.stdout
     assert "pip install 'tfdp-utils[cpu]'" in result.stdout
+
+
+@pytest.mark.parametrize(("package", "legacy"), [("keras", ""), ("tf_keras", "1")])
+def test_a_missing_keras_names_the_one_tensorflow_requires(
+    tmp_path: Path, package: str, legacy: str
+) -> None:
+    # tfdp-utils requires no Keras distribution (TensorFlow brings its own): when that Keras
+    # cannot be imported, the error says which one to install.
+    (tmp_path / package).mkdir()
+    (tmp_path / package / "__init__.py").write_text(
+        f"raise ModuleNotFoundError('No module named {package}', name={package!r})\n"
+    )
+    code = f"import sys; sys.path.insert(0, {str(tmp_path)!r})\nimport tfdp_utils._tf\n"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env.update(TF_USE_LEGACY_KERAS=legacy, TF_CPP_MIN_LOG_LEVEL="2")
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert result.returncode == 1
+    tensorflow = metadata.version("tensorflow-cpu")
+    minor = ".".join(tensorflow.split(".")[:2])
+    errors = [line for line in result.stderr.splitlines() if line.startswith("ImportError: ")]
+    assert errors, result.stderr[-3000:]
+    last = errors[-1]
+    assert last.startswith("ImportError: tfdp-utils trains with the Keras your TensorFlow brings")
+    assert f"TensorFlow {tensorflow} (tensorflow-cpu) could not import" in last
+    if legacy:
+        assert f'pip install --no-deps "tf-keras~={minor}.0"' in last
+    else:
+        wanted = "keras-nightly" if minor == "2.22" else "keras"
+        assert f'pip install "{wanted}>=3.10"' in last
 
 
 # ------------------------------------------------- the real command, in child processes

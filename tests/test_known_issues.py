@@ -56,6 +56,18 @@ def test_a_bug_fixed_upstream_is_marked_by_the_installed_version(keras: str, ver
     assert found.verdict == verdict
 
 
+@pytest.mark.parametrize(
+    ("keras", "verdict"),
+    [("3.8.0.dev2024", "affected"), ("3.8.0rc1", "affected"), ("3.16.0.dev2026102704", "fixed")],
+)
+def test_a_development_build_of_the_fixing_release_is_not_yet_fixed(
+    keras: str, verdict: str
+) -> None:
+    # keras-nightly (TensorFlow 2.22's Keras) is a development build: 3.8.0.devN predates 3.8.0.
+    found = assess(ISSUES["keras#20611"], Installed(keras=keras, tensorflow="2.22.0rc0"))
+    assert found.verdict == verdict
+
+
 def test_keras_3_bugs_do_not_apply_on_tf_keras() -> None:
     found = assess(ISSUES["keras#19246"], Installed(keras=None, tensorflow="2.21.0"))
     assert found.verdict == "not applicable"

@@ -18,6 +18,8 @@ import dataclasses
 import re
 from typing import Literal
 
+from tfdp_utils._versions import at_least
+
 Package = Literal["keras", "tensorflow"]
 Verdict = Literal["affected", "fixed", "worked around", "not affected", "not applicable"]
 
@@ -239,7 +241,8 @@ def parse_version(text: str) -> tuple[int, ...]:
 
 
 def _at_least(version: str, bound: str) -> bool:
-    return parse_version(version) >= parse_version(bound)
+    # A development build or release candidate of the fixing release is not yet the fix.
+    return at_least(version, bound)
 
 
 def _not_applied(release: str, version: str) -> str:

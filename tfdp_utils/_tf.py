@@ -7,10 +7,19 @@ tf_keras when ``TF_USE_LEGACY_KERAS=1`` was set before TensorFlow resolved ``tf.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
-from tfdp_utils._versions import installed_version, tensorflow_flavour, unsupported
+from tfdp_utils._versions import (
+    OLDEST_KERAS,
+    installed_flavours,
+    installed_keras,
+    required_keras,
+    tensorflow_flavour,
+    unsupported,
+    version_key,
+)
 
 _INSTALL_HINT = (
     "tfdp-utils needs TensorFlow, which it does not install by itself so that it never "
@@ -28,11 +37,43 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
 tf: Any = tensorflow
 
 
+_KERAS_HINT = (
+    "tfdp-utils trains with the Keras your TensorFlow brings, and installs none itself (a second "
+    "Keras distribution would overwrite the first's files). TensorFlow {version} ({flavour}) "
+    "could not import {which}. Reinstall your TensorFlow with its dependencies, or install "
+    "{fix}."
+)
+
+
+def _keras_hint(legacy: bool) -> str:
+    """What to install when ``tf.keras`` fails to resolve: the Keras this TensorFlow requires."""
+    major, minor = (version_key(str(tf.__version__))[0] + (0, 0))[:2]
+    if legacy:
+        which = "tf_keras (TF_USE_LEGACY_KERAS=1)"
+        fix = (
+            f'it without dependencies: pip install --no-deps "tf-keras~={major}.{minor}.0" (or '
+            f'"tf-keras-nightly>={major}.{minor}.0.dev0,<{major}.{minor + 1}.0.dev0" while '
+            f"tf-keras has no {major}.{minor} release)"
+        )
+    else:
+        which = "Keras 3"
+        distribution = next(iter(installed_flavours()), None)
+        wanted = (required_keras(distribution) if distribution else None) or "keras"
+        fix = f'the Keras it requires: pip install "{wanted}>={OLDEST_KERAS}"'
+    return _KERAS_HINT.format(
+        version=tf.__version__, flavour=tensorflow_flavour(), which=which, fix=fix
+    )
+
+
 def _resolve_keras() -> Any:
     """Return the Keras module that ``tf.keras`` gives this process's models."""
-    keras_module = tf.keras
-    # tf.keras is a lazy loader on TF >= 2.16; touch an attribute so it resolves now.
-    _ = keras_module.callbacks
+    try:
+        keras_module = tf.keras
+        # tf.keras is a lazy loader on TF >= 2.16; touch an attribute so it resolves now.
+        _ = keras_module.callbacks
+    except ImportError as exc:
+        legacy = os.environ.get("TF_USE_LEGACY_KERAS", "").lower() in ("1", "true")
+        raise ImportError(f"{_keras_hint(legacy)}\n(TensorFlow said: {exc})") from exc
     return keras_module
 
 
@@ -45,7 +86,8 @@ def _keras_version() -> str:
     if version:
         return str(version)
     name = str(getattr(keras, "__name__", ""))
-    return installed_version("tf-keras" if name.startswith("tf_keras") else "keras") or ""
+    found = installed_keras(legacy=name.startswith("tf_keras"))  # -nightly ones too
+    return found[1] if found else ""
 
 
 KERAS_VERSION: str = _keras_version()
@@ -373,11 +415,13 @@ def require_supported() -> None:
             the supported ones and the pip command.
     """
     flavour = tensorflow_flavour()
+    distribution = installed_keras() if IS_KERAS3 else None
     message = unsupported(
         tensorflow=tf.__version__,
         keras=KERAS_VERSION if IS_KERAS3 else None,
         flavour=flavour if flavour != "unknown" else "tensorflow",
         keras3=IS_KERAS3,
+        keras_distribution=distribution[0] if distribution else "keras",
     )
     if message is not None:
         raise RuntimeError(message)

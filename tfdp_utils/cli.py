@@ -11,7 +11,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from tfdp_utils import _variables
-from tfdp_utils._versions import installed_version, tensorflow_flavour
+from tfdp_utils._versions import (
+    KERAS_DISTRIBUTIONS,
+    TF_KERAS_DISTRIBUTIONS,
+    installed_keras,
+    installed_of,
+    installed_version,
+    tensorflow_flavour,
+)
 
 ENV_VARIABLES: tuple[str, ...] = _variables.REPORTED
 
@@ -44,6 +51,7 @@ def environment_facts() -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "tensorflow_distribution": tensorflow_flavour(),
+        "keras_distributions": installed_of(KERAS_DISTRIBUTIONS + TF_KERAS_DISTRIBUTIONS),
         "tensorboard": installed_version("tensorboard"),
         "variables": {name: os.environ[name] for name in ENV_VARIABLES if name in os.environ},
         "environment_problems": [
@@ -131,15 +139,19 @@ def _tensorflow_report(facts: dict[str, Any]) -> dict[str, Any]:
     return report
 
 
+def _version_of(found: tuple[str, str] | None) -> str | None:
+    return found[1] if found else None
+
+
 def _report_without_tensorflow(error: ImportError, refusal: str | None) -> dict[str, Any]:
     """The TensorFlow part when TensorFlow cannot be imported: what is installed, how to fix."""
     reason = str(error).strip().splitlines()
     return {
         "tensorflow": "not installed",
         "tensorflow_error": reason[-1] if reason else repr(error),
-        "keras": installed_version("keras"),
+        "keras": _version_of(installed_keras()),
         "keras_flavour": None,
-        "tf_keras": installed_version("tf-keras"),
+        "tf_keras": _version_of(installed_keras(legacy=True)),
         "devices": None,
         "strategy": None,
         "reason": refusal
@@ -160,6 +172,9 @@ def _format_facts(facts: dict[str, Any]) -> str:
         ("TensorBoard", "tensorboard"),
     ):
         lines.append(f"- {label}: {facts.get(key)}")
+    kerases = facts.get("keras_distributions") or {}
+    listed = ", ".join(f"{name} {version}" for name, version in kerases.items())
+    lines.append(f"- Keras distributions: {listed or 'none'}")
     cluster = facts.get("cluster")
     lines.append(
         f"- Cluster: {facts.get('cluster_source')} {json.dumps(cluster)}"

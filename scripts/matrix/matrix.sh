@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # The version matrix: one scratch environment per (TensorFlow minor, Keras 3) pair, tensorflow-cpu
+# (the minor's newest release, or its release candidate: 22 is 2.22.0rc0 with keras-nightly)
 # plus tf-keras of the same minor (installed --no-deps, as the README does), the repo installed
 # non-editable; in each: `tfdp-utils demo`, `tfdp-utils doctor` and the smoke set, on Keras 3 and
 # on tf_keras (TF_USE_LEGACY_KERAS=1). Results go to $ROOT/results/<env>.tsv; `summarize.py`
@@ -7,6 +8,7 @@
 #
 #   scripts/matrix/matrix.sh all 16 3.10.0     # build + checks: TF 2.16, Keras 3.10.0
 #   scripts/matrix/matrix.sh all 21            # TF 2.21 with the Keras pip picks today
+#   scripts/matrix/matrix.sh all 22            # TF 2.22.0rc0, keras-nightly, tf-keras-nightly
 #   KERAS_SPEC=/tmp/keras-main scripts/matrix/matrix.sh all 21 main   # a Keras source tree
 #   scripts/matrix/matrix.sh smoke 16 3.10.0   # only the smoke set (what .ci/run does)
 #   SKIP=demo,doctor scripts/matrix/matrix.sh check 21
@@ -46,13 +48,24 @@ build() {
   local keras=()
   if [ -n "${KERAS_SPEC:-}" ]; then keras=("$KERAS_SPEC"); elif [ -n "$K" ]; then keras=("keras==$K"); fi
   local pip=("$PY" -m pip install -q --cache-dir "$PIP_CACHE")
-  { "${pip[@]}" "tensorflow-cpu==2.$M.*" pytest pytest-timeout hypothesis scikit-learn &&
+  # The newest 2.M release, its release candidate while it has no final one (2.22.0rc0); its
+  # Keras comes with it (`keras`, or `keras-nightly` for 2.22). tf-keras of the minor, else the
+  # newest tf-keras-nightly build of it (tf-keras has no 2.22 release yet).
+  local next=$((M + 1))
+  { "${pip[@]}" "tensorflow-cpu>=2.$M.0rc0,<2.$next.0" pytest pytest-timeout hypothesis scikit-learn &&
     { [ ${#keras[@]} -eq 0 ] || "${pip[@]}" "${keras[@]}"; } &&
-    "${pip[@]}" "$REPO" &&  # its own dependencies (tensorboard...); the Keras above satisfies it
-    "${pip[@]}" --no-deps "tf-keras==2.$M.*"; } >"$LOG/pip.txt" 2>&1 ||
+    "${pip[@]}" "$REPO" &&  # its own dependencies (tensorboard...); it requires no Keras
+    { "${pip[@]}" --no-deps "tf-keras>=2.$M.0rc0,<2.$next.0" ||
+      "${pip[@]}" --no-deps "tf-keras-nightly>=2.$M.0.dev0,<2.$next.0.dev0"; }; } >"$LOG/pip.txt" 2>&1 ||
     { record install FAIL "see $LOG/pip.txt"; return 1; }
   record install ok "$("$PY" -c 'import importlib.metadata as m
-print(" ".join(f"{d}={m.version(d)}" for d in ("tensorflow-cpu","keras","tf-keras")))')"
+names = ("tensorflow-cpu", "keras", "keras-nightly", "tf-keras", "tf-keras-nightly")
+def version(name):
+    try:
+        return m.version(name)
+    except m.PackageNotFoundError:
+        return None
+print(" ".join(f"{d}={version(d)}" for d in names if version(d)))')"
 }
 
 timed() { # logname cmd...: sets RC and SECONDS_TAKEN

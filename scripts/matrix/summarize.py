@@ -2,7 +2,8 @@
 
     python scripts/matrix/summarize.py [ROOT] [OUTPUT]
 
-Every environment of PLANNED without results is listed as not run.
+An environment without results under ROOT keeps its row from OUTPUT as it is (measured in an
+earlier pass, perhaps on another machine); one of PLANNED without either is listed as not run.
 """
 
 from __future__ import annotations
@@ -38,12 +39,26 @@ PLANNED = (
     "tf2.20-keras3.11.2",
     "tf2.20-keraslatest",
     "tf2.21-kerasmain",
+    "tf2.22-keraslatest",  # 2.22.0rc0 with keras-nightly and tf-keras-nightly
 )
 
 HEADER = Path(__file__).with_name("versions_header.md")
 
 
+def earlier_rows(path: Path) -> dict[str, str]:
+    """The table rows of an existing docs/versions.md, by environment."""
+    if not path.exists():
+        return {}
+    rows = {}
+    for line in path.read_text().splitlines():
+        cells = line.split(" | ")
+        if line.startswith("| tf2.") and len(cells) > 1:
+            rows[cells[0].removeprefix("| ").strip()] = line
+    return rows
+
+
 def main() -> None:
+    earlier = earlier_rows(OUTPUT)
     results: dict[str, dict[str, tuple[str, str]]] = {}
     for path in sorted(ROOT.glob("results/*.tsv")):
         for line in path.read_text().splitlines():
@@ -53,7 +68,10 @@ def main() -> None:
         "| environment | " + " | ".join(CHECKS) + " | other |",
         "|---" * (len(CHECKS) + 2) + "|",
     ]
-    for env in (*PLANNED, *sorted(set(results) - set(PLANNED))):
+    for env in (*PLANNED, *sorted((set(results) | set(earlier)) - set(PLANNED))):
+        if env not in results and env in earlier:
+            rows.append(earlier[env])
+            continue
         found = results.get(env, {})
         cells = []
         for check in CHECKS:
@@ -66,7 +84,8 @@ def main() -> None:
         )
         rows.append(f"| {env} | " + " | ".join(cells) + f" | {other} |")
     OUTPUT.write_text(HEADER.read_text() + "\n".join(rows) + "\n")
-    print(f"wrote {OUTPUT} ({len(results)} environments with results)")
+    kept = len(set(earlier) - set(results))
+    print(f"wrote {OUTPUT} ({len(results)} environments with results, {kept} rows kept)")
 
 
 if __name__ == "__main__":

@@ -26,7 +26,13 @@ from tfdp_utils.compat import _keras_20585 as keras_20585
 from tfdp_utils.compat import _keras_lso_replicas as keras_lso_replicas
 from tfdp_utils.compat import _switch
 from tfdp_utils.compat import _tf_72388 as tf_72388
-from tfdp_utils.compat._registry import REGISTRY, Patch, change_of, keras3_trainer_module
+from tfdp_utils.compat._registry import (
+    REGISTRY,
+    Patch,
+    change_of,
+    keras3_trainer_module,
+    keras3_trainer_class,
+)
 
 ISSUES = (
     "keras#20585",
@@ -128,6 +134,19 @@ def test_the_trainer_class_is_found_by_either_name() -> None:
     trainer = keras3_trainer_module()
     if trainer is not None:  # the installed Keras 3: its class, whatever its name
         assert keras3_trainer_class(trainer) is not None
+
+
+def test_the_trainer_class_is_found_under_its_keras_nightly_name() -> None:
+    # keras-nightly 3.16.0.dev (TensorFlow 2.22) renamed TensorFlowTrainer to Trainer: the
+    # probes read the same code under the new name instead of finding no trainer at all.
+    renamed = types.SimpleNamespace(Trainer=_UpstreamTrainer)
+    assert keras3_trainer_class(renamed) is _UpstreamTrainer
+    assert keras_20585.probe(renamed) is True
+    both = types.SimpleNamespace(TensorFlowTrainer=_FixedTrainer, Trainer=_UpstreamTrainer)
+    assert (
+        keras3_trainer_class(both) is _FixedTrainer
+    )  # Keras <= 3.15: TensorFlowTrainer is the class
+    assert keras3_trainer_class(types.SimpleNamespace(Trainer="not a class")) is None
 
 
 def _upstream_reduce(values: Any, strategy: Any, reduction: Any) -> Any:
@@ -282,10 +301,10 @@ def test_only_keras3_tensorflow_trainer_is_patched(fresh: None) -> None:
     for patch in _workaround_patches():
         assert patch.owner in (
             trainer,
-            trainer.TensorFlowTrainer,
+            keras3_trainer_class(trainer),
             keras_20582.tf_optimizer_class(trainer),
             keras_lso_replicas.loss_scale_optimizer_class(trainer),
-        ) or (patch.owner, patch.name) == (trainer.TensorFlowTrainer.__mro__[1], "compile")
+        ) or (patch.owner, patch.name) == (keras3_trainer_class(trainer).__mro__[1], "compile")
 
 
 @pytest.mark.keras

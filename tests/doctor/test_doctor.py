@@ -114,6 +114,21 @@ def test_two_tensorflow_flavours_at_once_are_flagged() -> None:
     assert "--no-deps" in both.detail
 
 
+def test_two_keras_distributions_at_once_are_flagged() -> None:
+    assert doctor.keras_check("Keras", {}).detail == "not installed"
+    assert doctor.keras_check("Keras", {"keras": "3.15.1"}).detail == "3.15.1"
+    nightly = doctor.keras_check("Keras", {"keras-nightly": "3.16.0.dev2026102704"})
+    assert (nightly.status, nightly.detail) == ("INFO", "keras-nightly 3.16.0.dev2026102704")
+    found = {"keras": "3.15.1", "keras-nightly": "3.16.0.dev2026102704"}
+    both = doctor.keras_check("Keras", found, "keras-nightly")
+    assert both.status == "WARN"
+    assert "keras 3.15.1 + keras-nightly 3.16.0.dev2026102704" in both.detail
+    assert "pip uninstall -y keras && pip install --force-reinstall --no-deps" in both.detail
+    assert '"keras-nightly==3.16.0.dev2026102704"' in both.detail
+    unknown = doctor.keras_check("tf_keras", {"tf-keras": "2.21.0", "tf-keras-nightly": "2.22.0"})
+    assert unknown.status == "WARN" and "pip show tensorflow" in unknown.detail
+
+
 def test_the_table_gives_one_verdict_per_line_and_the_exit_code() -> None:
     checks = [
         Check("versions", "Python", "INFO", "3.11"),

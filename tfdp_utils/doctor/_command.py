@@ -37,7 +37,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from tfdp_utils._validate import positive_float
-from tfdp_utils._versions import installed_flavours, installed_version
+from tfdp_utils._versions import (
+    KERAS_DISTRIBUTIONS,
+    TF_KERAS_DISTRIBUTIONS,
+    installed_flavours,
+    installed_of,
+    installed_version,
+    required_keras,
+)
 from tfdp_utils._waiting import Deadline
 from tfdp_utils.doctor._check import Check
 
@@ -64,6 +71,42 @@ def flavour_check(flavours: dict[str, str]) -> Check:
         "WARN",
         f"{listed}: {len(flavours)} flavours installed at once, one overwrites the other's "
         "files (tf-keras pulls in `tensorflow`; install it with pip install --no-deps)",
+    )
+
+
+def keras_check(label: str, found: dict[str, str], required: str | None = None) -> Check:
+    """One line on the distributions that install one Keras package (``keras`` and
+    ``keras-nightly``, or tf_keras's two): none or one (INFO), several (WARN, as
+    :func:`flavour_check` for TensorFlow): they write the same files, the last one wins.
+
+    Args:
+        label: the line's name, ``"Keras"`` or ``"tf_keras"``.
+        found: the installed distributions and their versions (``installed_of``).
+        required: the one the installed TensorFlow requires (:func:`required_keras`), kept
+            by the fix (:func:`tfdp_utils._versions.required_keras`), or None when unknown.
+    """
+    if not found:
+        return Check("versions", label, "INFO", "not installed")
+    listed = " + ".join(f"{name} {version}" for name, version in found.items())
+    if len(found) == 1:
+        name, version = next(iter(found.items()))
+        plain = name in ("keras", "tf-keras")  # a -nightly one is named
+        return Check("versions", label, "INFO", version if plain else listed)
+    keep = required if required in found else None
+    fix = (
+        f"your TensorFlow requires {keep}: pip uninstall -y "
+        f"{' '.join(name for name in found if name != keep)} && pip install --force-reinstall "
+        f'--no-deps "{keep}=={found[keep]}"'
+        if keep
+        else "uninstall all of them, then reinstall (--force-reinstall --no-deps) the one your "
+        "TensorFlow requires (pip show tensorflow lists it)"
+    )
+    return Check(
+        "versions",
+        label,
+        "WARN",
+        f"{listed}: {len(found)} distributions of one package installed at once, the later "
+        f"overwrote the other's files; {fix}",
     )
 
 
@@ -111,11 +154,13 @@ def version_checks() -> list[Check]:
         flavour_check(flavours),
     ]
     legacy = os.environ.get("TF_USE_LEGACY_KERAS", "")
-    for label, distribution in (("Keras", "keras"), ("tf_keras", "tf-keras")):
-        version = installed_version(distribution)
-        checks.append(Check("versions", label, "INFO", version or "not installed"))
+    tensorflow = next(iter(flavours), None)
+    required = required_keras(tensorflow) if tensorflow else None
+    checks.append(keras_check("Keras", installed_of(KERAS_DISTRIBUTIONS), required))
+    tf_kerases = installed_of(TF_KERAS_DISTRIBUTIONS)
+    checks.append(keras_check("tf_keras", tf_kerases))
     tf_version = next(iter(flavours.values()), None)
-    tf_keras = installed_version("tf-keras")
+    tf_keras = next(iter(tf_kerases.values()), None)
     if tf_keras and tf_version and _minor(tf_keras) != _minor(tf_version):
         checks.append(
             Check(
