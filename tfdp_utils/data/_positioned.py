@@ -56,6 +56,8 @@ class Resumable:
         input_options: the ``tf.distribute.InputOptions`` given to the builder, or None.
         info: the shape of one aligned epoch (steps, examples, the partial last step).
         built_from: the info of the dataset as the builder made it.
+        seed_given: whether the recipe's shuffle seed is the caller's ``seed=`` (False: none
+            was given, and the builder chose one, as DATA sharding over several workers does).
     """
 
     strategy: Any
@@ -64,6 +66,12 @@ class Resumable:
     input_options: Any
     info: DatasetInfo
     built_from: DatasetInfo | None = None
+    seed_given: bool = True
+
+    @property
+    def given_seed(self) -> int | None:
+        """The caller's ``seed=``, or None when the builder chose the recipe's seed."""
+        return self.recipe.seed if self.seed_given else None
 
     @property
     def steps_per_epoch(self) -> int:
@@ -153,6 +161,8 @@ def resumable(
     aligned: EpochPlan | None,
     shape: StepShape,
     built_from: DatasetInfo | None = None,
+    *,
+    seed_given: bool = True,
 ) -> Resumable | None:
     """A :class:`Resumable` for a built dataset, or None where its epochs cannot be aligned.
 
@@ -166,7 +176,9 @@ def resumable(
         return None  # tf.data's own autoshard: no per-worker pipeline to position
     positioned = dataclasses.replace(recipe, epochs=aligned, repeat=True)
     info = dataset_info_for(aligned, shape, repeat="epochs", infinite=False)
-    return Resumable(strategy, positioned, source, input_options, info, built_from)
+    return Resumable(
+        strategy, positioned, source, input_options, info, built_from, seed_given=seed_given
+    )
 
 
 def _epoch_seed(recipe: Recipe, index: int, epoch: Any) -> Any:
