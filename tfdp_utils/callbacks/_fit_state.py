@@ -164,6 +164,8 @@ class FitState:
     # Keras' own batch indices (host_step), read where the device's count would be.
     steps_from_host: bool = False
     host_step: int = 0
+    # An elastic resume: "at step k: <old shape> -> <new shape>", or None.
+    shape_change: str | None = None
 
     def pause(self, reason: str) -> None:
         """Stop the clock (and the input-wait total with it) for ``reason``."""

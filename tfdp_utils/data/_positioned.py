@@ -100,13 +100,17 @@ class Resumable:
             "drop_remainder": self.recipe.drop_remainder,
         }
 
-    def at(self, epoch: int, step: int, seed: int | None) -> Any:
+    def at(
+        self, epoch: int, step: int, seed: int | None, *, shape_change: str | None = None
+    ) -> Any:
         """The distributed dataset from step ``step`` of epoch ``epoch`` on, epochs on end.
 
         Args:
             epoch: the epoch to start in (0-based, as Keras' ``initial_epoch``).
             step: the steps of that epoch already trained (0 <= step < steps per epoch).
             seed: the shuffle seed (required when the dataset shuffles).
+            shape_change: how the shape changed at this position (an elastic resume), said
+                by the stream's position for ``ThroughputLogger``; None when it did not.
 
         Raises:
             ValueError: a step outside the epoch, or no seed for a shuffled dataset.
@@ -119,7 +123,10 @@ class Resumable:
         if self.shuffles and seed is None:
             raise ValueError("a shuffled dataset starts at a step only with its shuffle seed")
         return self._stream(
-            epoch, step, seed, StreamPosition(epoch, step, built_from=self.built_from)
+            epoch,
+            step,
+            seed,
+            StreamPosition(epoch, step, built_from=self.built_from, shape_change=shape_change),
         )
 
     def epochs_from(self, epoch: int, seed: int | None) -> Any:

@@ -41,6 +41,8 @@ class Start:
         seed: the shuffle seed of the run.
         restore: the checkpoint read back at train begin (None: none, or a newer backup's state).
         resumed_from: the folder of the checkpoint or backup it resumes from, or None.
+        shape_change: the shape the checkpoint was saved on -> this run's, when it differs
+            (an elastic resume), else None.
     """
 
     facts: dict[str, Any]
@@ -49,6 +51,7 @@ class Start:
     seed: int | None
     restore: store.Saved | None
     resumed_from: str | None
+    shape_change: str | None = None
 
 
 def check_variables(prefix: str) -> None:
@@ -75,17 +78,17 @@ def from_checkpoint(directory: str, resumable: Any, initial_epoch: Any) -> Start
         seed = mismatch.checked_seed(
             latest, getattr(resumable, "given_seed", resumable.recipe.seed)
         )
-        _say_shape_change(latest, facts)
+        change = _say_shape_change(latest, facts)
     else:
         epoch, step = arguments.initial_epoch(initial_epoch), 0
-        seed = resumable.recipe.seed
+        seed, change = resumable.recipe.seed, None
         if seed is None and resumable.shuffles:
             seed = random.randrange(2**31)  # kept in every checkpoint of this run
     resumed_from = latest.path if latest is not None else None
-    return Start(facts, epoch, step, seed, latest, resumed_from)
+    return Start(facts, epoch, step, seed, latest, resumed_from, change)
 
 
-def _say_shape_change(latest: store.Saved, facts: dict[str, Any]) -> None:
+def _say_shape_change(latest: store.Saved, facts: dict[str, Any]) -> str | None:
     change = elastic.describe_change(latest.state.get("dataset", {}), facts)
     if change is not None:
         logger.warning(  # an elastic resume: the same global batches on another shape
@@ -94,6 +97,7 @@ def _say_shape_change(latest: store.Saved, facts: dict[str, Any]) -> None:
             latest.path,
             change,
         )
+    return change
 
 
 def beside_backups(start: Start, beside: Sequence[Any], steps_per_epoch: int) -> Start:
