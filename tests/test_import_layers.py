@@ -60,6 +60,7 @@ PURE_MODULES = (
     "tfdp_utils.data.service._watch",
     # The pure parts of PreemptionCheckpoint.
     "tfdp_utils.preemption._position",
+    "tfdp_utils.preemption._elastic",
     "tfdp_utils.preemption._mismatch",
     "tfdp_utils.preemption._arguments",
     "tfdp_utils.preemption._run",

@@ -176,11 +176,15 @@ class StreamPosition:
         step: the steps of that epoch trained before (the stream starts after them).
         built_from: the info of the dataset the stream was rebuilt from (as the builder made
             it, before its epochs were aligned).
+        shape_change: how the job's shape changed at this position (an elastic resume on
+            another number of replicas or workers, e.g. ``"2 workers x 1 replica (4 examples
+            per replica) -> 1 worker x 2 replicas (4 examples per replica)"``), or None.
     """
 
     epoch: int
     step: int
     built_from: DatasetInfo | None = None
+    shape_change: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,8 +30,8 @@ from tfdp_utils.compat._registry import (
     REGISTRY,
     Patch,
     change_of,
-    keras3_trainer_module,
     keras3_trainer_class,
+    keras3_trainer_module,
 )
 
 ISSUES = (

@@ -36,7 +36,7 @@ def saved(**state: Any) -> Saved:
             {**FACTS, "global_batch_size": 32},
             "saved with global batch size 32, but this run has 64",
         ),
-        ({**FACTS, "num_workers": 4}, "saved with workers 4, but this run has 2"),
+        # Another number of workers or replicas: an elastic resume (test_elastic.py).
         ({**FACTS, "policy": "FILE"}, "saved with sharding policy 'FILE', but this run has 'DATA'"),
         ({"files": ["a", "b"]}, "saved with files (per worker) ['a', 'b'], but this run has None"),
         # The causes are named before the steps per epoch that follow from them.

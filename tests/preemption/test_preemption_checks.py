@@ -3,7 +3,8 @@
 In one process (``exit=False``, so that ``fit`` returns after a save): a checkpoint is made by a
 real SIGTERM during ``fit``, then a second ``fit`` with something changed must raise
 ``ResumeMismatchError`` naming the difference, having trained nothing. A damaged newest
-checkpoint is skipped for the one before, with a WARNING naming it.
+checkpoint is skipped for the one before, with a WARNING naming it. Another replica count
+with the same global batch is an elastic resume: accepted, and said.
 """
 
 from __future__ import annotations
@@ -219,13 +220,33 @@ def test_a_dataset_it_cannot_position_is_refused_with_what_to_do(tmp_path: Path)
         )
 
 
-def test_a_checkpoint_of_another_replica_count_is_refused(tmp_path: Path) -> None:
-    _stopped_job(tmp_path)  # 2 replicas
+def test_a_checkpoint_of_another_replica_count_resumes_with_the_same_global_batch(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    _stopped_job(tmp_path)  # 2 replicas, stopped after step 7
     strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
     model = _model(strategy)
-    with pytest.raises(tdu.ResumeMismatchError, match="replicas 2") as raised:
-        model.fit(_data(strategy), epochs=3, verbose=0, callbacks=[_checkpoint(tmp_path)])
-    assert "this run has 1" in str(raised.value)
+    resumed = _checkpoint(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="tfdp_utils"):
+        model.fit(_data(strategy), epochs=3, verbose=0, callbacks=[resumed])
+    assert resumed.resumed_from == str(tmp_path / "ckpt-000000000007")
+    assert "on another shape: 1 worker x 2 replicas" in caplog.text
+    assert _iterations(model) == 15  # the 8 steps left of 3 epochs of 5
+
+
+def test_a_checkpoint_of_another_replica_count_and_global_batch_is_refused(
+    tmp_path: Path,
+) -> None:
+    _stopped_job(tmp_path)  # 2 replicas, a global batch of 8
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    model = _model(strategy)
+    with pytest.raises(
+        tdu.ResumeMismatchError, match="cannot be resumed on another shape"
+    ) as raised:
+        data = _data(strategy, global_batch_size=4)  # the same 4 examples per replica
+        model.fit(data, epochs=3, verbose=0, callbacks=[_checkpoint(tmp_path)])
+    assert "saved with a global batch of 8 examples, this run has 4" in str(raised.value)
+    assert "global_batch_size=8" in str(raised.value)
     assert _iterations(model) == 0
 
 

@@ -175,6 +175,9 @@ def new_fit(
     fit.steps_from_host = steps_from_host
     fit.host_step = origin
     fit.batch_zero = origin - (position.step if position is not None else 0)
+    if position is not None and position.shape_change is not None:
+        fit.shape_change = f"at step {origin}: {position.shape_change}"
+        logger.info("tfdp_utils: ThroughputLogger: the job's shape changed %s", fit.shape_change)
     _start_input_wait(fit, data)
     meter.update(step=origin, time=fit.clock.now(), replica_examples=counter.counts)
     fit.next_log = fit.next_check = origin + (warmup or every)

@@ -165,12 +165,13 @@ class FitState:
     steps_from_host: bool = False
     host_step: int = 0
     # For the fit's ledger (goodput): when it began (wall clock), the clock's reading at train
-    # begin, and
-    # the seconds of validation (evaluate inside fit).
+    # begin, and the seconds of validation (evaluate inside fit).
     wall_begin: float = 0.0  # fit called (through tfdp-utils' fit binding), else train begin
     train_begin: float = 0.0
     clock_origin: float = 0.0
     validation_seconds: float = 0.0
+    # An elastic resume: "at step k: <old shape> -> <new shape>", or None.
+    shape_change: str | None = None
 
     def pause(self, reason: str) -> None:
         """Stop the clock (and the input-wait total with it) for ``reason``."""

@@ -55,6 +55,7 @@ def build_summary(fit: FitState, final_step: int, *, log_dir: str) -> dict[str, 
         exact=fit.exact,
         derived_reason=fit.derived_reason,
         log_dir=log_dir,
+        shape_change=fit.shape_change,
     )
     last = fit.last_window
     if last is not None:

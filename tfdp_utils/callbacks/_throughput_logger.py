@@ -450,6 +450,8 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         completed), ``measured_steps``, ``measured_seconds``, ``windows``, ``step``,
         ``num_replicas``, ``num_workers``, ``worker``, ``is_chief``, ``count_source``,
         ``exact`` (whether the counts are exact) and ``derived_reason`` (why not, else None),
+        ``shape_change`` (a resume on another number of replicas or workers: ``"at step k:
+        <before> -> <after>"``, else None),
         ``log_every_n_steps`` and ``warmup_steps`` (as used in that fit),
         ``epoch_start_seconds`` (each epoch's start, left out of the rates),
         ``input_wait_share`` (the share of the measured time spent waiting for input; None

@@ -396,6 +396,7 @@ def _resumable(call: BuilderCall, planned: CallPlan, info: DatasetInfo) -> Resum
         aligned,
         planned.shape,
         info,
+        seed_given=call.seed is not None,
     )
 
 

@@ -56,6 +56,8 @@ class Resumable:
         input_options: the ``tf.distribute.InputOptions`` given to the builder, or None.
         info: the shape of one aligned epoch (steps, examples, the partial last step).
         built_from: the info of the dataset as the builder made it.
+        seed_given: whether the recipe's shuffle seed is the caller's ``seed=`` (False: none
+            was given, and the builder chose one, as DATA sharding over several workers does).
     """
 
     strategy: Any
@@ -64,6 +66,12 @@ class Resumable:
     input_options: Any
     info: DatasetInfo
     built_from: DatasetInfo | None = None
+    seed_given: bool = True
+
+    @property
+    def given_seed(self) -> int | None:
+        """The caller's ``seed=``, or None when the builder chose the recipe's seed."""
+        return self.recipe.seed if self.seed_given else None
 
     @property
     def steps_per_epoch(self) -> int:
@@ -92,13 +100,17 @@ class Resumable:
             "drop_remainder": self.recipe.drop_remainder,
         }
 
-    def at(self, epoch: int, step: int, seed: int | None) -> Any:
+    def at(
+        self, epoch: int, step: int, seed: int | None, *, shape_change: str | None = None
+    ) -> Any:
         """The distributed dataset from step ``step`` of epoch ``epoch`` on, epochs on end.
 
         Args:
             epoch: the epoch to start in (0-based, as Keras' ``initial_epoch``).
             step: the steps of that epoch already trained (0 <= step < steps per epoch).
             seed: the shuffle seed (required when the dataset shuffles).
+            shape_change: how the shape changed at this position (an elastic resume), said
+                by the stream's position for ``ThroughputLogger``; None when it did not.
 
         Raises:
             ValueError: a step outside the epoch, or no seed for a shuffled dataset.
@@ -111,7 +123,10 @@ class Resumable:
         if self.shuffles and seed is None:
             raise ValueError("a shuffled dataset starts at a step only with its shuffle seed")
         return self._stream(
-            epoch, step, seed, StreamPosition(epoch, step, built_from=self.built_from)
+            epoch,
+            step,
+            seed,
+            StreamPosition(epoch, step, built_from=self.built_from, shape_change=shape_change),
         )
 
     def epochs_from(self, epoch: int, seed: int | None) -> Any:
@@ -153,6 +168,8 @@ def resumable(
     aligned: EpochPlan | None,
     shape: StepShape,
     built_from: DatasetInfo | None = None,
+    *,
+    seed_given: bool = True,
 ) -> Resumable | None:
     """A :class:`Resumable` for a built dataset, or None where its epochs cannot be aligned.
 
@@ -166,7 +183,9 @@ def resumable(
         return None  # tf.data's own autoshard: no per-worker pipeline to position
     positioned = dataclasses.replace(recipe, epochs=aligned, repeat=True)
     info = dataset_info_for(aligned, shape, repeat="epochs", infinite=False)
-    return Resumable(strategy, positioned, source, input_options, info, built_from)
+    return Resumable(
+        strategy, positioned, source, input_options, info, built_from, seed_given=seed_given
+    )
 
 
 def _epoch_seed(recipe: Recipe, index: int, epoch: Any) -> Any:

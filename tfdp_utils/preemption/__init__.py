@@ -7,6 +7,7 @@
 ``preemption/_agreement.py``       how the workers agree on the step to stop at
 ``preemption/_position.py``        the saved position and its arithmetic
 ``preemption/_mismatch.py``        whether a checkpoint is this run's
+``preemption/_elastic.py``         a checkpoint resumed on another number of replicas or workers
 ``preemption/_arguments.py``       the arguments checked, and what is said about them
 ``preemption/_run.py``             one prepared ``fit`` and its grace monitor
 ``preemption/_restore.py``         where a run starts, the checkpoint read back (TensorFlow)

@@ -201,7 +201,8 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
         start = restore.beside_backups(start, beside or [], resumable.steps_per_epoch)
         self.resumed_from = start.resumed_from
         run = restore.prepared_run(directory, resumable, start)
-        return run, resumable.at(start.epoch, start.step, start.seed)
+        dataset = resumable.at(start.epoch, start.step, start.seed, shape_change=start.shape_change)
+        return run, dataset
 
     def loop(
         self,

@@ -1,5 +1,8 @@
 """Whether a checkpoint is this run's: the same data, model, optimizer, Keras and shuffle seed.
 
+The same data on another number of replicas or workers is accepted where the global batches
+are the same on both shapes (:mod:`._elastic`).
+
 A checkpoint's ``state.json`` (:mod:`._position`) is read against the run about to resume from
 it; a difference that would not continue the same epochs, or would restore nothing, raises a
 :class:`~tfdp_utils.errors.ResumeMismatchError` naming both values and the fix. Pure (no
@@ -12,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tfdp_utils.errors import ResumeMismatchError
+from tfdp_utils.preemption import _elastic as elastic
 from tfdp_utils.preemption._store import Saved
 
 FACT_WORDS = {  # the causes first: the steps per epoch follow from them
@@ -30,9 +34,19 @@ FACT_WORDS = {  # the causes first: the steps per epoch follow from them
 
 
 def check_facts(saved: Saved, facts: Mapping[str, Any]) -> None:
-    """Raise when the dataset's facts differ from those the checkpoint was saved with."""
+    """Raise when the dataset's facts differ from those the checkpoint was saved with.
+
+    Another number of replicas or workers is an elastic resume (:mod:`._elastic`): checked
+    there (the same global batch, dividing over the replicas, a source that keeps its order),
+    and every other fact must still be the same.
+    """
     before = saved.state.get("dataset", {})
+    reshaped = elastic.changed(before, facts)
+    if reshaped:
+        elastic.check_shape_change(saved.path, before, facts)
     for key, words in FACT_WORDS.items():
+        if reshaped and key in elastic.SHAPE_FACTS:
+            continue
         if key in before and before[key] != facts.get(key):
             raise ResumeMismatchError(
                 f"the checkpoint {saved.path} was saved with {words} {before[key]!r}, but this "

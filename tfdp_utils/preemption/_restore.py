@@ -20,6 +20,7 @@ from tfdp_utils._tf import tf
 from tfdp_utils.cluster._topology import position_of
 from tfdp_utils.preemption import _arguments as arguments
 from tfdp_utils.preemption import _backups as backups
+from tfdp_utils.preemption import _elastic as elastic
 from tfdp_utils.preemption import _mismatch as mismatch
 from tfdp_utils.preemption import _position as position
 from tfdp_utils.preemption import _store as store
@@ -40,6 +41,8 @@ class Start:
         seed: the shuffle seed of the run.
         restore: the checkpoint read back at train begin (None: none, or a newer backup's state).
         resumed_from: the folder of the checkpoint or backup it resumes from, or None.
+        shape_change: the shape the checkpoint was saved on -> this run's, when it differs
+            (an elastic resume), else None.
     """
 
     facts: dict[str, Any]
@@ -48,6 +51,7 @@ class Start:
     seed: int | None
     restore: store.Saved | None
     resumed_from: str | None
+    shape_change: str | None = None
 
 
 def check_variables(prefix: str) -> None:
@@ -69,14 +73,31 @@ def from_checkpoint(directory: str, resumable: Any, initial_epoch: Any) -> Start
         mismatch.check_facts(latest, facts)
         mismatch.check_flavour(latest, KERAS)
         epoch, step = position.recorded(latest.state)
-        seed = mismatch.checked_seed(latest, resumable.recipe.seed)
+        # The builder's own seed (DATA sharding over several workers, no seed= given) gives
+        # way to the checkpoint's: a job started on one worker resumes on several.
+        seed = mismatch.checked_seed(
+            latest, getattr(resumable, "given_seed", resumable.recipe.seed)
+        )
+        change = _say_shape_change(latest, facts)
     else:
         epoch, step = arguments.initial_epoch(initial_epoch), 0
-        seed = resumable.recipe.seed
+        seed, change = resumable.recipe.seed, None
         if seed is None and resumable.shuffles:
             seed = random.randrange(2**31)  # kept in every checkpoint of this run
     resumed_from = latest.path if latest is not None else None
-    return Start(facts, epoch, step, seed, latest, resumed_from)
+    return Start(facts, epoch, step, seed, latest, resumed_from, change)
+
+
+def _say_shape_change(latest: store.Saved, facts: dict[str, Any]) -> str | None:
+    change = elastic.describe_change(latest.state.get("dataset", {}), facts)
+    if change is not None:
+        logger.warning(  # an elastic resume: the same global batches on another shape
+            "tfdp_utils: PreemptionCheckpoint resumes %s on another shape: %s; the global "
+            "batches, the step numbers and the optimizer state go on.",
+            latest.path,
+            change,
+        )
+    return change
 
 
 def beside_backups(start: Start, beside: Sequence[Any], steps_per_epoch: int) -> Start:

@@ -1,0 +1,269 @@
+"""Elastic resume end to end: stopped on one shape, resumed on another, real processes.
+
+Each job trains a small model for 3 epochs on a builder dataset of 48 examples (6 steps of a
+global batch of 8), with op determinism and a seeded shuffle; a layer inside the model counts
+the example ids each replica trains on. A job stopped by a real notice on one shape (1 process
+x 2 replicas, or 2 localhost workers) and run again on another (1 process x 1 replica, 1 x 2,
+2 workers) must end within 1e-4 of the uninterrupted run on the original shape (the global
+batches are the same; only the order of the floating-point sums differs), train each id of
+the interrupted epoch once over the two runs, and go on with Keras' step numbers, the
+optimizer's iterations, the learning-rate schedule and ThroughputLogger's job counts.
+
+The epoch has whole steps only: Keras averages the loss per replica, so a partial last step
+split 3 + 2 over two replicas weighs its examples differently from 5 on one replica (that is
+Keras' arithmetic on any shape, not the data's; docs/preemption.md says so).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from support.processes import Process, free_port, start_python, tf_config, wait_all
+
+from tfdp_utils.throughput import _tags as tags
+from tfdp_utils.throughput._report import read_runs
+
+pytestmark = pytest.mark.keras
+
+PREEMPTED = 75
+N, STEPS, EPOCHS = 48, 6, 3
+
+JOB = r"""
+import json, os, signal, sys
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import numpy as np
+import tensorflow as tf
+
+REPLICAS = int(os.environ["JOB_REPLICAS"])
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * REPLICAS)
+tf.config.experimental.enable_op_determinism()
+tf.keras.utils.set_random_seed(1)
+import tfdp_utils as tdu
+from tfdp_utils._tf import keras
+
+out, directory = sys.argv[1], sys.argv[2]
+signal_at = json.loads(os.environ.get("JOB_SIGNAL_AT", "null"))  # [epoch, batch]
+N, EPOCHS = 48, 3
+
+
+def local_counts():  # this worker's replicas' counts: read without a collective
+    return np.sum([v.numpy() for v in strategy.experimental_local_results(seen)], axis=0).tolist()
+
+
+strategy = tdu.auto_strategy(verbose=False, collective_timeout=30)
+x = np.stack([np.arange(N), np.linspace(-1, 1, N), np.cos(np.arange(N))], 1).astype("float32")
+y = (x[:, 1:2] * 3 + 1).astype("float32")
+dist = tdu.build_distributed_dataset(
+    (x, y), strategy=strategy, global_batch_size=8, shuffle_buffer_size=64,
+    seed=json.loads(os.environ.get("JOB_SEED", "5")),
+)
+with strategy.scope():
+    seen = tf.Variable(
+        tf.zeros([N]),
+        trainable=False,
+        synchronization=tf.VariableSynchronization.ON_READ,
+        aggregation=tf.VariableAggregation.SUM,
+    )
+
+
+class Count(keras.layers.Layer):  # counts the ids each replica trains on
+    def call(self, inputs, training=None):
+        if training:
+            ids = tf.cast(inputs[:, 0], tf.int32)
+            seen.assign_add(tf.math.bincount(ids, minlength=N, maxlength=N, dtype=tf.float32))
+        return inputs[:, 1:]
+
+
+with strategy.scope():
+    layers = [keras.Input((3,)), Count(), keras.layers.Dense(4, activation="tanh")]
+    model = keras.Sequential([*layers, keras.layers.Dense(1)])
+    # A learning-rate schedule: a resume that restarted it would end on other weights.
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.01, decay_steps=4, decay_rate=0.8)
+    model.compile(keras.optimizers.Adam(schedule), "mse")
+
+log = {"epochs": {}, "batches": []}
+
+
+class Record(keras.callbacks.Callback):
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+        seen.assign(tf.zeros([N]))
+
+    def on_epoch_end(self, epoch, logs=None):
+        log["epochs"][str(epoch)] = local_counts()
+
+    def on_train_batch_end(self, batch, logs=None):
+        log["batches"].append([self.epoch, batch])
+        if signal_at and [self.epoch, batch] == signal_at:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+checkpoint = tdu.callbacks.PreemptionCheckpoint(directory)
+logger = tdu.callbacks.ThroughputLogger(os.environ["JOB_TB"], log_every_n_steps=2)
+try:
+    model.fit(dist, epochs=EPOCHS, verbose=0, callbacks=[logger, Record(), checkpoint])
+    log["weights"] = [w.tolist() for w in model.get_weights()]
+finally:
+    log["iterations"] = int(model.optimizer.iterations.numpy())
+    log["partial"] = local_counts()
+    log["resumed_from"] = checkpoint.resumed_from
+    log["shape_change"] = logger.summary().get("shape_change")
+    with open(out, "w") as handle:
+        json.dump(log, handle)
+"""
+
+
+def _run(
+    tmp: Path,
+    tag: str,
+    directory: Path,
+    shape: tuple[int, int],
+    signal_at: list[int] | None = None,
+    **extra: str,
+) -> list[dict[str, Any]]:
+    """The job on ``shape`` (workers, replicas each); the last worker alone gets the notice."""
+    workers, replicas = shape
+    ports = [free_port() for _ in range(workers)]
+    processes: list[Process] = []
+    for index in range(workers):
+        env: dict[str, str | None] = {
+            "JOB_REPLICAS": str(replicas),
+            "TF_CONFIG": tf_config(ports, index) if workers > 1 else None,
+            "JOB_TB": str(tmp / f"tb-{directory.name}"),
+            **extra,
+        }
+        if signal_at is not None and index == workers - 1:
+            env["JOB_SIGNAL_AT"] = json.dumps(signal_at)
+        out = str(tmp / f"{tag}-{index}.json")
+        processes.append(start_python(JOB, env=env, args=(out, str(directory))))
+    outcomes = wait_all(processes, timeout=420, check=False)
+    results = []
+    for index, outcome in enumerate(outcomes):
+        path = tmp / f"{tag}-{index}.json"
+        log: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+        log["status"], log["stderr"] = outcome.returncode, outcome.stderr
+        results.append(log)
+    return results
+
+
+_REFERENCES: dict[tuple[int, int], list[dict[str, Any]]] = {}
+
+
+def _reference(factory: pytest.TempPathFactory, shape: tuple[int, int]) -> list[dict[str, Any]]:
+    """The uninterrupted run on ``shape``, once per module."""
+    if shape not in _REFERENCES:
+        folder = factory.mktemp("reference")
+        runs = _run(folder, "reference", folder / "job", shape)
+        for log in runs:
+            assert log["status"] == 0, log["stderr"][-4000:]
+        _REFERENCES[shape] = runs
+    return _REFERENCES[shape]
+
+
+def _max_diff(a: list[Any], b: list[Any]) -> float:
+    return max(float(np.max(np.abs(np.array(x) - np.array(y)))) for x, y in zip(a, b, strict=True))
+
+
+def _ids(stopped: list[dict[str, Any]], resumed: list[dict[str, Any]], epoch: int) -> list[float]:
+    """How often each id of ``epoch`` (0-based) was trained, over both runs and every worker."""
+    parts = [log["partial"] for log in stopped]
+    parts += [log["epochs"].get(str(epoch), [0.0] * N) for log in resumed]
+    counts: list[float] = np.sum(parts, axis=0).tolist()
+    return counts
+
+
+def _stopped(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    for log in runs:
+        assert log["status"] == PREEMPTED, log["stderr"][-4000:]
+    assert len({tuple(log["batches"][-1]) for log in runs}) == 1  # one agreed step
+    return runs
+
+
+SHAPES = {  # (workers, replicas each) in the words of the logs
+    (1, 1): "1 worker x 1 replica (8 examples per replica)",
+    (1, 2): "1 worker x 2 replicas (4 examples per replica)",
+    (2, 1): "2 workers x 1 replica (4 examples per replica)",
+}
+
+
+def _check_resumed(
+    stopped: list[dict[str, Any]],
+    resumed: list[dict[str, Any]],
+    shapes: tuple[tuple[int, int], tuple[int, int]],
+    *,
+    status: int = 0,
+) -> None:
+    """The resumed run went on from the stopped run's step, on another shape."""
+    epoch, batch = stopped[0]["batches"][-1]
+    following = [epoch, batch + 1] if batch + 1 < STEPS else [epoch + 1, 0]
+    for log in resumed:
+        assert log["status"] == status, log["stderr"][-4000:]
+        assert log["resumed_from"].endswith(f"ckpt-{stopped[0]['iterations']:012d}")
+        assert log["batches"][0] == following  # Keras' step numbers go on
+        assert "on another shape" in log["stderr"], log["stderr"][-4000:]
+        if status == 0:  # ThroughputLogger's summary names the step and both shapes
+            before, after = (SHAPES[shape] for shape in shapes)
+            change = f"at step {stopped[0]['iterations']}: {before} -> {after}"
+            assert log["shape_change"] == change
+    # The interrupted epoch's ids, counted on every replica of every worker: each once.
+    assert _ids(stopped, resumed, epoch) == [1.0] * N
+
+
+def _check_job(tmp: Path, ended: list[dict[str, Any]], reference: list[dict[str, Any]]) -> float:
+    """The job's end against the uninterrupted run; returns the largest weight difference."""
+    diff = max(_max_diff(log["weights"], reference[0]["weights"]) for log in ended)
+    assert diff <= 1e-4
+    for log in ended:
+        assert log["iterations"] == reference[0]["iterations"] == EPOCHS * STEPS
+    # ThroughputLogger over the runs and shapes: one series that ends on the job's total.
+    examples = read_runs(str(tmp / "tb-job"))["global"].series[tags.EXAMPLES]
+    steps = [step for step, _ in examples]
+    assert steps == sorted(set(steps)), steps
+    assert examples[-1] == (EPOCHS * STEPS, EPOCHS * N)
+    return diff
+
+
+def test_one_process_of_2_replicas_resumes_on_1_replica(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    reference = _reference(tmp_path_factory, (1, 2))
+    stopped = _stopped(_run(tmp_path, "stopped", tmp_path / "job", (1, 2), [1, 2]))
+    assert stopped[0]["batches"][-1] == [1, 2]  # 3 steps of epoch 2 done
+    resumed = _run(tmp_path, "resumed", tmp_path / "job", (1, 1))
+    _check_resumed(stopped, resumed, ((1, 2), (1, 1)))
+    diff = _check_job(tmp_path, resumed, reference)
+    print(f"1x2 -> 1x1: max weight diff {diff:.2e}")
+
+
+def test_two_workers_resume_on_one_process_of_2_replicas_and_back(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    reference = _reference(tmp_path_factory, (2, 1))
+    # The notice reaches worker 1 only; both stop after the step they agree on.
+    stopped = _stopped(_run(tmp_path, "stopped", tmp_path / "job", (2, 1), [1, 1]))
+    # One process of 2 replicas goes on, and is itself stopped in epoch 3 ...
+    middle = _run(tmp_path, "middle", tmp_path / "job", (1, 2), [2, 3])
+    _check_resumed(stopped, middle, ((2, 1), (1, 2)), status=PREEMPTED)
+    _stopped(middle)
+    # ... and two workers finish the job.
+    back = _run(tmp_path, "back", tmp_path / "job", (2, 1))
+    _check_resumed(middle, back, ((1, 2), (2, 1)))
+    diff = _check_job(tmp_path, back, reference)
+    print(f"2 workers -> 1x2 -> 2 workers: max weight diff {diff:.2e}")
+
+
+def test_a_job_started_on_one_process_without_a_seed_resumes_on_two_workers(
+    tmp_path: Path,
+) -> None:
+    # Without seed=, one process shuffles with a seed PreemptionCheckpoint picks and saves;
+    # two workers would shuffle with the builder's shared default: the checkpoint's wins.
+    stopped = _stopped(_run(tmp_path, "stopped", tmp_path / "job", (1, 2), [1, 4], JOB_SEED="null"))
+    resumed = _run(tmp_path, "resumed", tmp_path / "job", (2, 1), JOB_SEED="null")
+    _check_resumed(stopped, resumed, ((1, 2), (2, 1)))
+    for log in resumed:
+        assert log["iterations"] == EPOCHS * STEPS
