@@ -14,6 +14,7 @@ import tensorflow as tf
 from tfdp_utils import compat
 from tfdp_utils._tf import IS_KERAS3, keras
 from tfdp_utils.callbacks import DivergenceGuard
+from tfdp_utils.training import _mixed_precision as mixed_precision
 
 pytestmark = pytest.mark.keras
 
@@ -175,3 +176,44 @@ def test_agreeing_replicas_and_finite_steps_report_nothing(strategy: Any) -> Non
     assert_same_weights(model, reference)
     listed = {s.issue: s for s in compat.status()}["divergence-guard"]
     assert listed.applied and listed.applied_by == "DivergenceGuard()"
+
+
+def build_mixed(strategy: Any) -> Any:
+    keras.utils.set_random_seed(1)
+    with strategy.scope():
+        model = keras.Sequential(
+            [
+                keras.Input((4,)),
+                keras.layers.Dense(3, name="d1", dtype="mixed_float16"),
+                keras.layers.Dense(1, name="d2", dtype="float32"),
+            ]
+        )
+        # A scale of 2**40 overflows float16 at once: the optimizer skips and lowers it.
+        optimizer = keras.mixed_precision.LossScaleOptimizer(
+            keras.optimizers.Adam(0.01), initial_scale=2.0**40
+        )
+        model.compile(optimizer=optimizer, loss="mse")
+    return model
+
+
+def test_a_loss_scale_optimizers_own_skips_are_not_divergence(strategy: Any) -> None:
+    x, y = data(plant=False)
+    model = build_mixed(strategy)
+    guard = DivergenceGuard(check_every_n_steps=1)
+    fit(model, x, y, epochs=2, callbacks=[guard])
+    summary = guard.summary()
+    assert summary["divergence"] is None and not summary["stopped"]
+    assert summary["skipped_steps"] == 0 and summary["steps"] == 2 * STEPS
+    # The loss scale went down, so the optimizer did skip steps of its own.
+    assert mixed_precision.current_loss_scale(model.optimizer) < 2.0**40
+    assert all_finite(model)
+
+
+def test_a_non_finite_loss_under_loss_scaling_is_divergence(strategy: Any) -> None:
+    x, y = data()
+    model = build_mixed(strategy)
+    guard = DivergenceGuard(policy="skip", check_every_n_steps=1)
+    fit(model, x, y, epochs=1, callbacks=[guard])
+    found = guard.summary()["divergence"]
+    assert found is not None and found.step == BAD_BATCH + 1 and found.loss_replicas == (1,)
+    assert guard.summary()["skipped_steps"] == 1 and all_finite(model)
