@@ -3,8 +3,8 @@
 The step itself (:class:`tfdp_utils.training._guarded_update.GuardedUpdate`) keeps every
 non-finite update from being applied and writes what it saw to replica-local variables; these
 hooks only read them every ``check_every_n_steps`` batches and at each epoch's end, turn them
-into a :class:`~tfdp_utils.callbacks._divergence_report.Divergence` or
-:class:`~tfdp_utils.callbacks._divergence_report.Disagreement`, log it and stop ``fit``.
+into a :class:`~tfdp_utils.training._divergence_report.Divergence` or
+:class:`~tfdp_utils.training._divergence_report.Disagreement`, log it and stop ``fit``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 from tfdp_utils._public import public
 from tfdp_utils._tf import keras, tf
 from tfdp_utils._validate import positive_int
-from tfdp_utils.callbacks._divergence_report import (
+from tfdp_utils.training._divergence_report import (
     Disagreement,
     Divergence,
     compare_checksums,
@@ -248,7 +248,7 @@ class DivergenceGuard(_Callback):  # type: ignore[misc]
 
         Keys: ``policy``, ``steps`` (steps seen), ``skipped_steps`` (updates not applied
         because a loss or gradient was non-finite), ``divergence`` (the first non-finite
-        step, a :class:`~tfdp_utils.callbacks._divergence_report.Divergence`, or None),
+        step, a :class:`~tfdp_utils.training._divergence_report.Divergence`, or None),
         ``disagreement`` (replicas whose weights differed, or None), ``checked_at_step`` (the
         step of the last weight comparison, 1-based; 0 when none) and ``stopped`` (whether
         the guard stopped ``fit``).

@@ -73,8 +73,8 @@ class Divergence:
         if self.loss_replicas and len(self.loss_replicas) < len(self.replicas):
             what = f"loss (replicas {list(self.loss_replicas)}) or gradients"
         variable = (
-            f"; the first gradient to go non-finite (in backpropagation order) was "
-            f"{self.variable!r}'s"
+            f"; the first gradient to go non-finite (in backpropagation order) was that of "
+            f"{self.variable!r}"
             if self.variable
             else ""
         )
