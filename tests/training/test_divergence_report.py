@@ -8,8 +8,8 @@ import math
 import pytest
 
 from tfdp_utils.training._divergence_report import (
-    Divergence,
     Disagreement,
+    Divergence,
     compare_checksums,
     step_place,
     worker_of,

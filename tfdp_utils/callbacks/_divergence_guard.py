@@ -16,6 +16,7 @@ from typing import Any
 from tfdp_utils._public import public
 from tfdp_utils._tf import keras, tf
 from tfdp_utils._validate import positive_int
+from tfdp_utils.cluster import _topology as topology
 from tfdp_utils.training._divergence_report import (
     Disagreement,
     Divergence,
@@ -23,7 +24,6 @@ from tfdp_utils.training._divergence_report import (
     step_place,
     worker_of,
 )
-from tfdp_utils.cluster import _topology as topology
 from tfdp_utils.training._guarded_update import POLICIES, GuardedUpdate, GuardReading
 
 _Callback: Any = keras.callbacks.Callback
