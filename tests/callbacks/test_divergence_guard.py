@@ -217,3 +217,13 @@ def test_a_non_finite_loss_under_loss_scaling_is_divergence(strategy: Any) -> No
     found = guard.summary()["divergence"]
     assert found is not None and found.step == BAD_BATCH + 1 and found.loss_replicas == (1,)
     assert guard.summary()["skipped_steps"] == 1 and all_finite(model)
+
+
+def test_one_device_without_a_strategy_is_guarded_too() -> None:
+    x, y = data()
+    model = build(tf.distribute.get_strategy())
+    guard = DivergenceGuard(policy="skip", check_every_n_steps=1)
+    fit(model, x, y, epochs=1, callbacks=[guard])
+    found = guard.summary()["divergence"]
+    assert found is not None and found.step == BAD_BATCH + 1 and found.replicas == (0,)
+    assert guard.summary()["skipped_steps"] == 1 and all_finite(model)

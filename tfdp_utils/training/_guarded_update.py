@@ -189,7 +189,13 @@ class GuardedUpdate:
         step = self.steps.read_value()
         self._checksum(step, [variable for _, variable in pairs])
         loss_bad = self._loss_flag()
-        bad_vars = tf.stack([tf.constant(False) if g is None else _not_finite(g) for g, _ in pairs])
+        # One sum per gradient: an inf or NaN anywhere makes it non-finite (so would a sum past
+        # 3e38, which no trainable gradient reaches); one is_finite over the sums.
+        sums = [
+            tf.constant(0.0) if g is None else tf.cast(tf.reduce_sum(_values(g)), tf.float32)
+            for g, _ in pairs
+        ]
+        bad_vars = tf.logical_not(tf.math.is_finite(tf.stack(sums)))
         index = tf.reduce_max(tf.where(bad_vars, tf.range(1, len(pairs) + 1), 0))
         grads_bad = tf.logical_and(tf.constant(not self.loss_scaling), index > 0)
         bad = tf.logical_or(loss_bad, grads_bad)
@@ -202,7 +208,9 @@ class GuardedUpdate:
             ],
             axis=0,
         )
-        total = context.all_reduce(tf.distribute.ReduceOp.SUM, local)
+        total = local
+        if self.replicas > 1:  # one replica agrees with itself: no collective
+            total = context.all_reduce(tf.distribute.ReduceOp.SUM, local)
         any_bad = tf.reduce_sum(total[: self.replicas]) > 0
         halted = self._halted()
         first_now = tf.logical_and(any_bad, self.first.read_value() < 0)
