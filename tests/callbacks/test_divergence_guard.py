@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import tfdp_utils as tdu
 from tfdp_utils import compat
 from tfdp_utils._tf import IS_KERAS3, keras
 from tfdp_utils.callbacks import DivergenceGuard
@@ -227,3 +228,53 @@ def test_one_device_without_a_strategy_is_guarded_too() -> None:
     found = guard.summary()["divergence"]
     assert found is not None and found.step == BAD_BATCH + 1 and found.replicas == (0,)
     assert guard.summary()["skipped_steps"] == 1 and all_finite(model)
+
+
+def custom_loop(strategy: Any, x: np.ndarray, y: np.ndarray, guard: Any = None) -> tuple[Any, int]:
+    """``make_distributed_train_step`` over the batches of (x, y); returns the model and the
+    batches trained before the guard said stop."""
+    keras.utils.set_random_seed(1)
+    with strategy.scope():
+        model = keras.Sequential(
+            [keras.Input((4,)), keras.layers.Dense(3, name="d1"), keras.layers.Dense(1, name="d2")]
+        )
+        optimizer = keras.optimizers.Adam(0.01)
+    step = tdu.make_distributed_train_step(
+        model,
+        loss=keras.losses.MeanSquaredError(reduction="none"),
+        optimizer=optimizer,
+        strategy=strategy,
+    )
+    if guard is not None:
+        guard.watch(model, optimizer=optimizer)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+    trained = 0
+    for batch in strategy.experimental_distribute_dataset(dataset):
+        step(batch)
+        trained += 1
+        if guard is not None and guard.check():
+            break
+    return model, trained
+
+
+def test_a_custom_loop_is_guarded_and_told_to_stop(strategy: Any) -> None:
+    x, y = data()
+    guard = DivergenceGuard(check_every_n_steps=1)
+    model, trained = custom_loop(strategy, x, y, guard)
+    assert trained == BAD_BATCH + 1  # check() said stop right after the bad step
+    found = guard.divergence
+    assert found is not None and found.step == BAD_BATCH + 1 and found.replicas == (1,)
+    reference, _ = custom_loop(strategy, x[: BAD_BATCH * BATCH], y[: BAD_BATCH * BATCH])
+    assert_same_weights(model, reference)
+
+
+def test_a_custom_loop_under_skip_equals_a_loop_without_that_batch(strategy: Any) -> None:
+    x, y = data()
+    guard = DivergenceGuard(policy="skip")
+    model, trained = custom_loop(strategy, x, y, guard)
+    assert trained == STEPS and guard.summary()["skipped_steps"] == 1
+    keep = np.ones(len(x), bool)
+    keep[BAD_BATCH * BATCH : (BAD_BATCH + 1) * BATCH] = False
+    reference, _ = custom_loop(strategy, x[keep], y[keep])
+    assert_same_weights(model, reference)
+    assert all_finite(model)

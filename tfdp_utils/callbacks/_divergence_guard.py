@@ -120,11 +120,45 @@ class DivergenceGuard(_Callback):  # type: ignore[misc]
     # ------------------------------------------------------------------ hooks
 
     def on_train_begin(self, logs: Mapping[str, Any] | None = None) -> None:
-        self._guard = self._attach(self.model)
-        self._guard.reset()
+        self._start(self._attach(self.model, self.model.optimizer if self.model else None))
+
+    def _start(self, guard: GuardedUpdate) -> None:
+        self._guard = guard
+        guard.reset()
         self.divergence = self.disagreement = None
-        self._epoch_starts, self._calls, self._compared_at = {}, 0, -1
+        self._epoch_starts, self._calls, self._compared_at = {0: 0}, 0, -1
         self._last, self._stopped = None, False
+
+    # ------------------------------------------------------------------ custom loops
+
+    def watch(self, model: Any, *, optimizer: Any = None) -> None:
+        """Guard a custom training loop's updates of ``model`` (no ``fit``).
+
+        Call it before the loop's step is first called (the step must be traced with the
+        guard): with :func:`tfdp_utils.make_distributed_train_step`, or any step that calls
+        ``optimizer.apply_gradients`` inside ``strategy.run``. Then call :meth:`check` every
+        few steps and stop when it returns True; call ``on_epoch_begin(epoch)`` at each
+        epoch's start for the epoch and batch in the report.
+
+        Args:
+            model: the model the loop trains (built under its strategy's scope).
+            optimizer: the optimizer the loop applies. Defaults to `None`: ``model.optimizer``.
+
+        Raises:
+            ValueError: no optimizer, or one another guard watches with other arguments.
+        """
+        self.set_model(model)
+        self._start(self._attach(model, optimizer or getattr(model, "optimizer", None), fit=False))
+
+    def check(self) -> bool:
+        """Read what the step saw (waits for the steps dispatched), report, and say whether to stop.
+
+        Returns:
+            True once the loop should stop: a non-finite step under "stop", more than
+            ``max_skipped_steps`` skipped steps, or replicas whose weights differ.
+        """
+        self._check()
+        return self._stopped
 
     def on_epoch_begin(self, epoch: int, logs: Mapping[str, Any] | None = None) -> None:
         if self._guard is not None:
@@ -144,12 +178,12 @@ class DivergenceGuard(_Callback):  # type: ignore[misc]
 
     # ------------------------------------------------------------------ reading
 
-    def _attach(self, model: Any) -> GuardedUpdate:
-        optimizer = getattr(model, "optimizer", None)
+    def _attach(self, model: Any, optimizer: Any, *, fit: bool = True) -> GuardedUpdate:
         if optimizer is None:
             raise ValueError(
                 "DivergenceGuard needs a compiled model with an optimizer (it guards the "
-                "optimizer's update); call model.compile(optimizer=...) before fit."
+                "optimizer's update); call model.compile(optimizer=...) before fit, or pass "
+                "optimizer= to watch()."
             )
         guard = getattr(optimizer, "_tfdp_guard", None)
         if guard is not None:
@@ -175,7 +209,8 @@ class DivergenceGuard(_Callback):  # type: ignore[misc]
             check_replicas_every=self.check_replicas_every,
         )
         guard.install(applied_by="DivergenceGuard()")
-        model.make_train_function(force=True)  # trace the step again, with the guard
+        if fit:
+            model.make_train_function(force=True)  # trace the step again, with the guard
         return guard
 
     def _check(self) -> None:
