@@ -278,3 +278,16 @@ def test_a_custom_loop_under_skip_equals_a_loop_without_that_batch(strategy: Any
     reference, _ = custom_loop(strategy, x[keep], y[keep])
     assert_same_weights(model, reference)
     assert all_finite(model)
+
+
+def test_a_later_fit_without_the_guard_trains_and_still_applies_no_inf(strategy: Any) -> None:
+    x, y = data()
+    model = build(strategy)
+    guard = DivergenceGuard()
+    fit(model, x, y, epochs=1, callbacks=[guard])
+    assert guard.summary()["stopped"]
+    before = model.get_weights()
+    fit(model, x, y, epochs=1)  # the step keeps the guard's check, but holds nothing still
+    after = model.get_weights()
+    assert any(not np.array_equal(a, b) for a, b in zip(before, after, strict=True))
+    assert all_finite(model)

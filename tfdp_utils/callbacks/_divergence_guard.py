@@ -10,6 +10,7 @@ into a :class:`~tfdp_utils.training._divergence_report.Divergence` or
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -109,6 +110,7 @@ class DivergenceGuard(_Callback):  # type: ignore[misc]
         self._compared_at = -1
         self._last: GuardReading | None = None
         self._stopped = False
+        self._lock = threading.RLock()
 
     @property
     def async_safe(self) -> bool:
@@ -166,8 +168,11 @@ class DivergenceGuard(_Callback):  # type: ignore[misc]
             self._epoch_starts[epoch] = int(local[0].numpy())
 
     def on_train_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
-        self._calls += 1
-        if self._calls == 1 or self._calls % self.check_every_n_steps == 0:
+        # Off the training thread on Keras 3 (one worker): the lock keeps reads in order.
+        with self._lock:
+            self._calls += 1
+            due = self._calls == 1 or self._calls % self.check_every_n_steps == 0
+        if due:
             self._check()
 
     def on_epoch_end(self, epoch: int, logs: Mapping[str, Any] | None = None) -> None:
@@ -175,6 +180,8 @@ class DivergenceGuard(_Callback):  # type: ignore[misc]
 
     def on_train_end(self, logs: Mapping[str, Any] | None = None) -> None:
         self._check()
+        if self._guard is not None:
+            self._guard.release()
 
     # ------------------------------------------------------------------ reading
 
@@ -214,6 +221,10 @@ class DivergenceGuard(_Callback):  # type: ignore[misc]
         return guard
 
     def _check(self) -> None:
+        with self._lock:
+            self._check_locked()
+
+    def _check_locked(self) -> None:
         guard = self._guard
         if guard is None or self._stopped:
             return

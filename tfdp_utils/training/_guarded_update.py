@@ -127,6 +127,8 @@ class GuardedUpdate:
             self.record = _replica_local(tf.zeros([3 * self.replicas], tf.float32), "guard_record")
             self.checked_at = _replica_local(tf.constant(-1, tf.int64), "guard_checked_at")
             self.checksums = _replica_local(tf.zeros([count, 2], tf.float64), "guard_checksums")
+            # Halting is for a fit the guard reads: a later fit without it is never held still.
+            self.active = _replica_local(tf.constant(False), "guard_active")
 
     # --- installing -------------------------------------------------------------------
 
@@ -168,6 +170,16 @@ class GuardedUpdate:
                 local.assign(tf.constant(value, tf.int64))
         for local in self.strategy.experimental_local_results(self.record):
             local.assign(tf.zeros_like(local))
+        self._set_active(True)
+
+    def release(self) -> None:
+        """The fit the guard reads has ended: no more halting (non-finite updates are still
+        never applied, by a fit that retraces the step or reuses it)."""
+        self._set_active(False)
+
+    def _set_active(self, active: bool) -> None:
+        for local in self.strategy.experimental_local_results(self.active):
+            local.assign(tf.constant(active))
 
     # --- inside the step (replica context) ----------------------------------------------
 
@@ -223,8 +235,10 @@ class GuardedUpdate:
 
     def _halted(self) -> Any:
         if self.policy == "stop":
-            return self.first.read_value() >= 0
-        return self.skipped.read_value() > self.max_skipped_steps
+            limit = self.first.read_value() >= 0
+        else:
+            limit = self.skipped.read_value() > self.max_skipped_steps
+        return tf.logical_and(self.active.read_value(), limit)
 
     def _checksum(self, step: Any, variables: list[Any]) -> None:
         def take() -> Any:
