@@ -164,8 +164,7 @@ class DivergenceGuard(_Callback):  # type: ignore[misc]
 
     def on_epoch_begin(self, epoch: int, logs: Mapping[str, Any] | None = None) -> None:
         if self._guard is not None:
-            local = self._guard.strategy.experimental_local_results(self._guard.steps)
-            self._epoch_starts[epoch] = int(local[0].numpy())
+            self._epoch_starts[epoch] = self._guard.steps_seen()
 
     def on_train_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
         # Off the training thread on Keras 3 (one worker): the lock keeps reads in order.
@@ -252,7 +251,7 @@ class DivergenceGuard(_Callback):  # type: ignore[misc]
         logger.warning("tfdp_utils: DivergenceGuard stops fit: %s.", why)
 
     def _local_replicas(self, guard: GuardedUpdate) -> int:
-        return len(guard.strategy.experimental_local_results(guard.steps))
+        return guard.local_replicas()
 
     def _divergence(self, guard: GuardedUpdate, reading: GuardReading) -> Divergence:
         epoch, batch = step_place(reading.first_step, self._epoch_starts)

@@ -28,6 +28,7 @@ from tfdp_utils.training import _mixed_precision as mixed_precision
 
 POLICIES = ("stop", "skip")
 _LOSS_METHOD = "scale_loss" if IS_KERAS3 else "minimize"  # where each Keras hands over the loss
+_FRESH = [0, 0, -1]  # the counters of a guard that has seen no step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +72,11 @@ def _replica_local(initial: Any, name: str) -> Any:
 
 def _values(gradient: Any) -> Any:
     return gradient.values if isinstance(gradient, tf.IndexedSlices) else gradient
+
+
+def _sum(gradient: Any) -> Any:
+    total = tf.reduce_sum(_values(gradient))
+    return total if total.dtype == tf.float32 else tf.cast(total, tf.float32)
 
 
 def _not_finite(value: Any) -> Any:
@@ -121,9 +127,8 @@ class GuardedUpdate:
         self._losses: dict[int, Any] = {}  # per replica thread: the loss handed over last
         count = len(self.names)
         with strategy.scope():
-            self.steps = _replica_local(tf.constant(0, tf.int64), "guard_steps")
-            self.skipped = _replica_local(tf.constant(0, tf.int64), "guard_skipped")
-            self.first = _replica_local(tf.constant(-1, tf.int64), "guard_first_step")
+            # steps seen, steps skipped, the first non-finite step (-1): one read, one write.
+            self.counters = _replica_local(tf.constant(_FRESH, tf.int64), "guard_counters")
             self.record = _replica_local(tf.zeros([3 * self.replicas], tf.float32), "guard_record")
             self.checked_at = _replica_local(tf.constant(-1, tf.int64), "guard_checked_at")
             self.checksums = _replica_local(tf.zeros([count, 2], tf.float64), "guard_checksums")
@@ -160,15 +165,12 @@ class GuardedUpdate:
 
     def reset(self) -> None:
         """Start counting again (a new ``fit``): no step seen, none skipped, nothing halted."""
-        for variable, value in (
-            (self.steps, 0),
-            (self.skipped, 0),
-            (self.first, -1),
-            (self.checked_at, -1),
-        ):
-            for local in self.strategy.experimental_local_results(variable):
-                local.assign(tf.constant(value, tf.int64))
-        for local in self.strategy.experimental_local_results(self.record):
+        local_results = self.strategy.experimental_local_results
+        for local in local_results(self.counters):
+            local.assign(tf.constant(_FRESH, tf.int64))
+        for local in local_results(self.checked_at):
+            local.assign(tf.constant(-1, tf.int64))
+        for local in local_results(self.record):
             local.assign(tf.zeros_like(local))
         self._set_active(True)
 
@@ -180,6 +182,14 @@ class GuardedUpdate:
     def _set_active(self, active: bool) -> None:
         for local in self.strategy.experimental_local_results(self.active):
             local.assign(tf.constant(active))
+
+    def steps_seen(self) -> int:
+        """Steps the guard has seen since it was last reset (waits for the steps dispatched)."""
+        return int(self.strategy.experimental_local_results(self.counters)[0].numpy()[0])
+
+    def local_replicas(self) -> int:
+        """Replicas this worker runs."""
+        return len(self.strategy.experimental_local_results(self.counters))
 
     # --- inside the step (replica context) ----------------------------------------------
 
@@ -197,48 +207,36 @@ class GuardedUpdate:
                 f"the step applies gradients to {len(pairs)}. Compile the model before fit, "
                 "and let the guard see the model that fit trains."
             )
-        context = tf.distribute.get_replica_context()
-        step = self.steps.read_value()
+        step, skipped, first = tf.unstack(self.counters.read_value())
         self._checksum(step, [variable for _, variable in pairs])
         loss_bad = self._loss_flag()
         # One sum per gradient: an inf or NaN anywhere makes it non-finite (so would a sum past
         # 3e38, which no trainable gradient reaches); one is_finite over the sums.
-        sums = [
-            tf.constant(0.0) if g is None else tf.cast(tf.reduce_sum(_values(g)), tf.float32)
-            for g, _ in pairs
-        ]
+        sums = [tf.constant(0.0) if g is None else _sum(g) for g, _ in pairs]
         bad_vars = tf.logical_not(tf.math.is_finite(tf.stack(sums)))
         index = tf.reduce_max(tf.where(bad_vars, tf.range(1, len(pairs) + 1), 0))
-        grads_bad = tf.logical_and(tf.constant(not self.loss_scaling), index > 0)
-        bad = tf.logical_or(loss_bad, grads_bad)
-        one_hot = tf.one_hot(context.replica_id_in_sync_group, self.replicas)
-        local = tf.concat(
-            [
-                one_hot * tf.cast(bad, tf.float32),
-                one_hot * tf.cast(loss_bad, tf.float32),
-                one_hot * tf.cast(tf.where(bad, index, 0), tf.float32),
-            ],
-            axis=0,
+        bad = loss_bad if self.loss_scaling else tf.logical_or(loss_bad, index > 0)
+        figures = tf.cast(
+            tf.stack([tf.cast(bad, tf.int32), tf.cast(loss_bad, tf.int32), index]), tf.float32
         )
-        total = local
-        if self.replicas > 1:  # one replica agrees with itself: no collective
-            total = context.all_reduce(tf.distribute.ReduceOp.SUM, local)
-        any_bad = tf.reduce_sum(total[: self.replicas]) > 0
-        halted = self._halted()
-        first_now = tf.logical_and(any_bad, self.first.read_value() < 0)
+        any_bad, total = bad, figures
+        if self.replicas > 1:  # every replica's 3 figures at its place, summed over all
+            context = tf.distribute.get_replica_context()
+            hot = tf.one_hot(context.replica_id_in_sync_group, self.replicas)
+            total = context.all_reduce(
+                tf.distribute.ReduceOp.SUM, tf.reshape(figures[:, None] * hot[None, :], [-1])
+            )
+            any_bad = tf.reduce_sum(total[: self.replicas]) > 0
+        stop = self.policy == "stop"
+        limit = first >= 0 if stop else skipped > self.max_skipped_steps
+        halted = tf.logical_and(self.active.read_value(), limit)
+        first_now = tf.logical_and(any_bad, first < 0)
         self.record.assign(tf.where(first_now, total, self.record.read_value()))
-        self.first.assign(tf.where(first_now, step, self.first.read_value()))
-        self.skipped.assign_add(tf.cast(tf.logical_and(any_bad, tf.logical_not(halted)), tf.int64))
-        self.steps.assign_add(1)
-        run = tf.logical_not(tf.logical_or(any_bad, halted))
-        self._apply_where(run, pairs, apply)
-
-    def _halted(self) -> Any:
-        if self.policy == "stop":
-            limit = self.first.read_value() >= 0
-        else:
-            limit = self.skipped.read_value() > self.max_skipped_steps
-        return tf.logical_and(self.active.read_value(), limit)
+        counted = tf.cast(tf.logical_and(any_bad, tf.logical_not(halted)), tf.int64)
+        self.counters.assign(
+            tf.stack([step + 1, skipped + counted, tf.where(first_now, step, first)])
+        )
+        self._apply_where(tf.logical_not(tf.logical_or(any_bad, halted)), pairs, apply)
 
     def _checksum(self, step: Any, variables: list[Any]) -> None:
         def take() -> Any:
@@ -281,11 +279,10 @@ class GuardedUpdate:
             tuple((float(row[0]), float(row[1])) for row in part.numpy())
             for part in local(self.checksums)
         )
-        skipped = int(local(self.skipped)[0].numpy())
-        first = int(local(self.first)[0].numpy())
+        steps, skipped, first = (int(v) for v in local(self.counters)[0].numpy())
         halted = first >= 0 if self.policy == "stop" else skipped > self.max_skipped_steps
         return GuardReading(
-            steps=int(local(self.steps)[0].numpy()),
+            steps=steps,
             skipped=skipped,
             first_step=first,
             bad_replicas=bad,
