@@ -248,7 +248,7 @@ class DivergenceGuard(_Callback):  # type: ignore[misc]
     def _stop(self, why: str) -> None:
         self._stopped = True
         self.model.stop_training = True
-        logger.warning("tfdp_utils: DivergenceGuard stops fit: %s.", why)
+        logger.warning("tfdp_utils: DivergenceGuard stops training: %s.", why)
 
     def _local_replicas(self, guard: GuardedUpdate) -> int:
         return guard.local_replicas()
