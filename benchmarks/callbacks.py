@@ -1,16 +1,18 @@
-"""ThroughputLogger overhead and memory, measured side by side in one process per Keras.
+"""ThroughputLogger and DivergenceGuard overhead, measured side by side in one process per Keras.
 
 For each Keras (Keras 3, and tf_keras through ``TF_USE_LEGACY_KERAS=1``) a child process
 trains a small, fast model on one CPU replica and times ``fit`` over the same number of
 steps with and without a ThroughputLogger, alternating (ABBA) so drift in machine load hits
 both alike. It reports the median ratio of steps/s (with / without; 1.0 = free) at the
 defaults and at ``log_every_n_steps`` 1, 10 and 100, then the growth of the resident set
-over a long run with the logger at its defaults.
+over a long run with the logger at its defaults. DivergenceGuard (its cost is inside the step)
+is timed on two models built alike, one guarded, ABBA: the ratio of steps/s by wall clock and
+by the process's CPU time.
 
     .venv/bin/python benchmarks/callbacks.py            # full run (a few minutes)
     .venv/bin/python benchmarks/callbacks.py --quick    # smaller, for a smoke test
 
-Goals: ratio >= 0.99 at the defaults; RSS growth over 20k steps <= 5 MB.
+Goals: ratio >= 0.99 at the defaults (logger and guard); RSS growth over 20k steps <= 5 MB.
 """
 
 from __future__ import annotations
@@ -102,6 +104,39 @@ with tempfile.TemporaryDirectory() as root:
         # The logger's own share of the fit time: less sensitive to machine load than ratios.
         result["hook_share"][name] = hook_seconds / fit_seconds
 
+    # DivergenceGuard: its cost is inside the step (checks, one cond, variable writes), so it
+    # is timed on two models built alike, one guarded; wall and process CPU time per step.
+    from tfdp_utils.callbacks import DivergenceGuard
+
+    def fresh():
+        m = keras.Sequential([keras.Input((16,)), keras.layers.Dense(16), keras.layers.Dense(1)])
+        m.compile(optimizer="sgd", loss="mse")
+        return m
+
+    plain, guarded, guard = fresh(), fresh(), DivergenceGuard()
+    plain.fit(ds, epochs=1, steps_per_epoch=200, verbose=0)
+    guarded.fit(ds, epochs=1, steps_per_epoch=200, verbose=0, callbacks=[guard])
+
+    def timed_guard(m, callbacks, n):
+        wall, cpu = time.perf_counter(), time.process_time()
+        m.fit(ds, epochs=1, steps_per_epoch=n, verbose=0, callbacks=callbacks)
+        return n / (time.perf_counter() - wall), n / (time.process_time() - cpu)
+
+    walls, cpus, base = [], [], []
+    for r in range(repeats):
+        if r % 2 == 0:  # ABBA
+            without = timed_guard(plain, [], steps)
+            with_guard = timed_guard(guarded, [guard], steps)
+        else:
+            with_guard = timed_guard(guarded, [guard], steps)
+            without = timed_guard(plain, [], steps)
+        walls.append(with_guard[0] / without[0])
+        cpus.append(with_guard[1] / without[1])
+        base.append(without[0])
+    result["guard"] = {"median": statistics.median(walls), "all": walls,
+                       "cpu_median": statistics.median(cpus), "cpu_all": cpus,
+                       "steps_per_sec_without": statistics.median(base)}
+
     # Memory: one long fit with the logger at its defaults, after a warm-up fit with it.
     logger = ThroughputLogger(os.path.join(root, "rss"), global_batch_size=8)
     model.fit(ds, epochs=1, steps_per_epoch=2000, verbose=0, callbacks=[logger])
@@ -159,6 +194,19 @@ def markdown(results: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {r['keras']} | {base:,.0f} | {ratios} | {shares} "
             f"| {grow:+.2f} MB over {r['rss_steps']:,} steps | {grow_without:+.2f} MB |"
+        )
+    lines += [
+        "",
+        "| Keras | steps/s without | DivergenceGuard ratio, wall (median) | ratio, CPU time "
+        "(median) | wall ratios | CPU ratios |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        g = r["guard"]
+        lines.append(
+            f"| {r['keras']} | {g['steps_per_sec_without']:,.0f} | {g['median']:.3f} "
+            f"| {g['cpu_median']:.3f} | {' '.join(f'{x:.2f}' for x in g['all'])} "
+            f"| {' '.join(f'{x:.2f}' for x in g['cpu_all'])} |"
         )
     return "\n".join(lines)
 

@@ -64,6 +64,8 @@ PURE_MODULES = (
     "tfdp_utils.preemption._mismatch",
     "tfdp_utils.preemption._arguments",
     "tfdp_utils.preemption._run",
+    # The pure part of DivergenceGuard.
+    "tfdp_utils.training._divergence_report",
     # Glue that imports TensorFlow only when first used.
     "tfdp_utils.strategy._choice",
     "tfdp_utils.strategy._build",

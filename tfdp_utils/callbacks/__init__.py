@@ -5,6 +5,7 @@ in this process (Keras 3, or tf_keras under ``TF_USE_LEGACY_KERAS=1``).
 """
 
 from tfdp_utils._lazy import surface
+from tfdp_utils.callbacks._divergence_guard import DivergenceGuard as DivergenceGuard
 from tfdp_utils.callbacks._throughput_logger import ThroughputLogger as ThroughputLogger
 from tfdp_utils.preemption._callback import PreemptionCheckpoint as PreemptionCheckpoint
 

@@ -22,6 +22,7 @@ from tfdp_utils.compat import _fit_binding as fit_binding
 from tfdp_utils.compat import _one_iterator as one_iterator
 from tfdp_utils.compat import _tf_keras_datasets as tf_keras_datasets
 from tfdp_utils.compat._registry import (
+    MARK,
     REGISTRY,
     RuntimeChange,
     change_object,
@@ -168,12 +169,29 @@ TF_KERAS_AUTOGRAPH = RuntimeChange(
     kill_switch=True,
 )
 
+DIVERGENCE_GUARD = RuntimeChange(
+    name="divergence-guard",
+    kind="object",
+    changes="apply_gradients, and the method each Keras hands the loss to (Keras 3's "
+    "scale_loss, tf_keras's minimize), replaced on the optimizer object of each model a "
+    "DivergenceGuard watches (and optimizer._tfdp_guard set)",
+    why="a non-finite loss or gradient must be caught inside the step, before the update is "
+    "applied, on every replica at once; Keras has no hook there. The replacement checks each "
+    "replica's loss and gradients, agrees over all replicas in one small all-reduce, and runs "
+    "Keras' own update only when every replica is finite. Asked for by name on one model, "
+    "so TFDP_NO_KERAS_PATCHES leaves it on. Not undoable: a train function traced with the "
+    "guard keeps it; compile the model again for Keras' own update",
+    undoable=False,
+    kill_switch=False,
+)
+
 CHANGES = (
     COLLECTIVE_KEYS,
     TF_KERAS_AUTOGRAPH,
     DATASET_CLASS,
     ACCUMULATION_STEP,
     STRATEGY_CHOICE,
+    DIVERGENCE_GUARD,
     EXIT_GUARD,
     EXIT_BARRIER,
     CTRL_C_ABORT,
@@ -378,6 +396,14 @@ def swap_dataset_class(dataset: Any, cls: type, *, applied_by: str) -> None:
 def replace_train_step(model: Any, train_step: Any, *, applied_by: str) -> None:
     """Replace ``train_step`` on one model (its class keeps Keras' own)."""
     change_object(model, "train_step", train_step, change=ACCUMULATION_STEP, applied_by=applied_by)
+
+
+def guard_optimizer(optimizer: Any, methods: dict[str, Any], *, applied_by: str) -> None:
+    """Set ``methods`` (name -> function) on one optimizer (see :data:`DIVERGENCE_GUARD`)."""
+    for name, method in methods.items():
+        setattr(method, MARK, DIVERGENCE_GUARD.name)
+        setattr(optimizer, name, method)
+    REGISTRY.record(DIVERGENCE_GUARD, applied_by=applied_by)
 
 
 def record_strategy_choice(strategy: Any, choice: Any, *, applied_by: str) -> None:
