@@ -19,7 +19,17 @@ from tfdp_utils.training import _mixed_precision as mixed_precision
 
 pytestmark = pytest.mark.keras
 
-tf.config.experimental.enable_op_determinism()
+
+@pytest.fixture(autouse=True, scope="module")
+def _op_determinism() -> Any:
+    """Op determinism for this module's runs (bit-equal references), and off again after it:
+    the tests that share this process draw unseeded random ops."""
+    from tensorflow.python.framework import config as tf_config
+
+    tf.config.experimental.enable_op_determinism()
+    yield
+    tf_config.disable_op_determinism()
+
 
 BATCH = 8  # global: replica 0 gets examples 0..3 of each batch, replica 1 examples 4..7
 STEPS = 8

@@ -225,7 +225,10 @@ def _notes(ordered: Sequence[FitLedger]) -> tuple[str, ...]:
     if any(f.process_start is None for f in ordered):
         notes.append("a process start is unknown on this platform: its run counts from fit")
     if any(f.input_wait_seconds is None for f in ordered):
-        notes.append("input waits are measured on builder datasets only")
+        notes.append(
+            "a run's input waits were not timed (its input-wait note says why): they count as "
+            "step time there"
+        )
     if any(f.derived for f in ordered):
         notes.append(
             "a run killed without notice left no ledger: its figures are read from its event "
