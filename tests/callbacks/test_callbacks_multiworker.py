@@ -176,7 +176,7 @@ def test_a_real_tensorboard_lists_the_runs_and_serves_the_tags(tmp_path: Path) -
         assert len(series) >= 3 and all(point[2] > 0 for point in series)
         layout = _get(f"{base}/data/plugin/custom_scalars/layout")
         # One worker, no FLOPs, CPUs (no memory figures): only the charts that get data.
-        assert [c["title"] for c in layout["category"]] == ["throughput"]
+        assert [c["title"] for c in layout["category"]] == ["throughput", "goodput"]
         charts = [chart["title"] for chart in layout["category"][0]["chart"]]
         assert charts == [
             "examples/s: global, workers and replicas",
@@ -184,6 +184,10 @@ def test_a_real_tensorboard_lists_the_runs_and_serves_the_tags(tmp_path: Path) -
             "examples trained",
             "epoch start (s)",
         ]
+        # The job's goodput and its losses, written at the fit's end, served as scalars.
+        assert {"goodput/goodput", "goodput/loss_seconds/startup"} <= set(tags["global"])
+        goodput = _get(f"{base}/data/plugin/scalars/scalars?run=global&tag=goodput/goodput")
+        assert len(goodput) == 1 and 0 < goodput[0][2] < 1
     finally:
         server.terminate()
         try:
