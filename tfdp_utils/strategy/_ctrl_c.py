@@ -23,7 +23,6 @@ After the abort the process's collectives stay failed: a program that catches
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import sys
@@ -63,15 +62,9 @@ def _abort_collectives(message: str) -> None:
 
 def _end_interrupted(message: str) -> None:
     """Dump every thread's stack and end the process with status 130, at once (any thread)."""
-    import faulthandler
+    from tfdp_utils.strategy._faults import end_now
 
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):  # a closed or broken stream: nothing more to say
-            stream.flush()
-    with contextlib.suppress(Exception):  # stderr without a file descriptor
-        faulthandler.dump_traceback(all_threads=True)
-    os._exit(INTERRUPTED_STATUS)
+    end_now(INTERRUPTED_STATUS)
 
 
 def _in_tensorflow() -> Callable[[FrameType], bool]:

@@ -159,11 +159,13 @@ def ended_message(worker: int | None, doing: str, why: str) -> str:
 
 
 def _end_process(message: str) -> None:
-    """Dump every thread's stack and end the process with :data:`STUCK_STATUS`, at once.
+    """Dump every thread's stack and end the process with :data:`STUCK_STATUS`, at once."""
+    end_now(STUCK_STATUS)
 
-    The training thread is stuck (in Python or in a call nothing can end), so a normal exit
-    would wait for it; ``os._exit`` ends the process without the interpreter's teardown.
-    """
+
+def end_now(status: int) -> None:
+    """Flush logging and stdio, dump every thread's stack and end the process with ``status``:
+    ``os._exit``, without the teardown a stuck training thread would hold up."""
     import faulthandler
 
     logging.shutdown()
@@ -172,7 +174,7 @@ def _end_process(message: str) -> None:
             stream.flush()
     with contextlib.suppress(Exception):  # stderr without a file descriptor
         faulthandler.dump_traceback(all_threads=True)
-    os._exit(STUCK_STATUS)
+    os._exit(status)
 
 
 _REMOTE_TASK = re.compile(r"remote target (/job:[\w-]+/replica:\d+/task:\d+)")
