@@ -25,11 +25,17 @@ Three parts, each timed side by side in one process (pipelines alternate, median
    that change undone (Keras' own: a new iterator every epoch) and the plain loop, alternating.
    The stream needs the epoch's steps: the fit runs build the fixture with
    ``count_examples=True`` (the count's build time is reported apart), and the fixture as the
-   plain loop builds it (unknown size) goes through ``fit`` unchanged too.
+   plain loop builds it (unknown size) goes through ``fit`` too (its steps learnt in the first
+   epoch).
+5. **Unknown size through fit** (run with part 4): the fixture without counts given to
+   ``model.fit(dist, epochs=4)`` (the steps learnt in the first epoch, one iterator from the
+   second on), the same ``fit`` with the change undone (a new iterator every epoch), and the
+   same ``fit`` on the same 80 examples as in-memory arrays, alternating; the goal is
+   unknown size / in-memory <= 1.25.
 
 Run: ``.venv/bin/python benchmarks/reads.py`` (about 90 s); ``--json`` prints the raw
 figures, ``--rounds N`` changes the rounds (default 7), ``--skip-service`` leaves out part 3,
-``--only-fit`` runs part 4 alone.
+``--only-fit`` runs parts 4 and 5 alone.
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ from data import artificial_reader as python_reader
 
 STEPS_PER_EPOCH = NUM_FILES * ELEMENTS_PER_FILE // BATCH
 PHYSICAL_LIMIT_S = EPOCHS * (OPEN_S + ELEMENT_S + STEPS_PER_EPOCH * STEP_S)
+FIT_EPOCHS = 4  # the unknown-size rows through fit (part 5)
 
 CPU_RECORDS_PER_FILE = 256
 CPU_SIDE = 96
@@ -248,8 +255,9 @@ def fit_part(paths: list[str], rounds: int) -> dict[str, Any]:
 
     The one-iterator stream needs the epoch's steps, so the fit runs build the fixture with
     ``count_examples=True`` (each build reads the files once more; its time is reported
-    apart); ``fit_unknown_size`` is the fixture as the plain loop builds it (no counts), which
-    ``fit`` reads to its end every epoch, as before.
+    apart); ``fit_unknown_size`` is the fixture as the plain loop builds it (no counts), whose
+    steps ``fit`` learns in the first epoch, reading the second through one more iterator
+    (part 5 times it over 4 epochs).
     """
     import tensorflow as tf
 
@@ -320,6 +328,77 @@ def fit_part(paths: list[str], rounds: int) -> dict[str, Any]:
         "plain_loop_over_limit": timing["plain_loop"]["median_s"] / PHYSICAL_LIMIT_S,
         "fit_unknown_size_over_limit": (timing["fit_unknown_size"]["median_s"] / PHYSICAL_LIMIT_S),
         "count_examples_build_s": statistics.median(builds),
+    }
+
+
+def unknown_size_part(paths: list[str], rounds: int) -> dict[str, Any]:
+    """The fixture of unknown size (no counts) through ``model.fit(dist, epochs=4)``, user
+    code unchanged (compat change fit-one-iterator: the steps learnt in the first epoch, one
+    iterator from the second on), against the same ``fit`` with that change undone (a new
+    iterator every epoch) and the same ``fit`` on the same 80 examples in memory (arrays:
+    known size, one iterator for the job), alternating in one process. The in-memory run
+    has no reads at all, so its time is the 4 epochs' steps and Keras' own overheads: the
+    ratio is what reading files of unknown size costs ``fit``.
+    """
+    import numpy as np
+    import tensorflow as tf
+
+    import tfdp_utils as tdu
+    from tfdp_utils import compat
+    from tfdp_utils.compat import _one_iterator as one_iterator
+
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    reader = tf.autograph.experimental.do_not_convert(python_reader)
+    expected = FIT_EPOCHS * NUM_FILES * ELEMENTS_PER_FILE
+    model = sleeping_model(strategy)
+    in_memory = np.tile(np.arange(ELEMENTS_PER_FILE, dtype="int64"), NUM_FILES)
+
+    def fit(*, keras_own: bool = False, memory: bool = False) -> tuple[float, int]:
+        source = in_memory if memory else paths
+        dist = tdu.build_distributed_dataset(
+            source, strategy=strategy, global_batch_size=BATCH, reader=reader
+        )
+        if keras_own:
+            compat.undo("fit-one-iterator")
+        try:
+            before = int(model.examples.numpy())
+            start = time.perf_counter()
+            model.fit(dist, epochs=FIT_EPOCHS, verbose=0)
+            seconds = time.perf_counter() - start
+        finally:
+            one_iterator.install(applied_by="benchmarks/reads.py")
+        return seconds, int(model.examples.numpy()) - before
+
+    runs: dict[str, Callable[[], tuple[float, int]]] = {
+        "unknown_size": lambda: fit(),
+        "unknown_size_keras_own": lambda: fit(keras_own=True),
+        "in_memory": lambda: fit(memory=True),
+    }
+    for run in runs.values():  # warm up: tracing, thread pools
+        run()
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    names = list(runs)
+    for index in range(rounds):
+        for name in names if index % 2 == 0 else names[::-1]:
+            seconds, seen = runs[name]()
+            if seen != expected:
+                raise RuntimeError(f"{name} trained {seen} examples, expected {expected}")
+            times[name].append(seconds)
+    timing = {
+        name: {"median_s": statistics.median(values), "runs_s": values}
+        for name, values in times.items()
+    }
+    memory_s = timing["in_memory"]["median_s"]
+    per_round = [
+        unknown / memory
+        for unknown, memory in zip(times["unknown_size"], times["in_memory"], strict=True)
+    ]
+    return {
+        "timing": timing,
+        "epochs": FIT_EPOCHS,
+        "unknown_size_over_in_memory": timing["unknown_size"]["median_s"] / memory_s,
+        "per_round_ratio_median": statistics.median(per_round),
+        "keras_own_over_in_memory": timing["unknown_size_keras_own"]["median_s"] / memory_s,
     }
 
 
@@ -435,7 +514,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7, help="rounds per part (default 7)")
     parser.add_argument("--skip-service", action="store_true", help="leave out part 3")
     parser.add_argument(
-        "--only-fit", action="store_true", help="only part 4 (the fixture through fit)"
+        "--only-fit", action="store_true", help="only parts 4 and 5 (the fixture through fit)"
     )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -452,6 +531,7 @@ def main() -> None:
             if not args.skip_service:
                 figures["service"] = service_part(paths, folder, args.rounds)
         figures["fit"] = fit_part(paths, args.rounds)
+        figures["unknown_size"] = unknown_size_part(paths, args.rounds)
     if args.json:
         print(json.dumps(figures, indent=2))
         return
@@ -465,9 +545,19 @@ def main() -> None:
         f"{fit['fit_keras_own_over_limit']:.2f}; the plain loop "
         f"{fit['timing']['plain_loop']['median_s']:.3f} s, / limit "
         f"{fit['plain_loop_over_limit']:.2f}; fit on the fixture without counts (unknown size: "
-        f"read to its end every epoch) {fit['timing']['fit_unknown_size']['median_s']:.3f} s, "
+        f"steps learnt in the first epoch) {fit['timing']['fit_unknown_size']['median_s']:.3f} s, "
         f"/ limit {fit['fit_unknown_size_over_limit']:.2f}; building with count_examples=True "
         f"{fit['count_examples_build_s']:.3f} s (once, before fit)"
+    )
+    unknown = figures["unknown_size"]
+    print(
+        f"unknown size through fit(epochs={FIT_EPOCHS}), user code unchanged: "
+        f"{unknown['timing']['unknown_size']['median_s']:.3f} s, / in-memory "
+        f"{unknown['unknown_size_over_in_memory']:.2f} (goal <= 1.25; median of the per-round "
+        f"ratios {unknown['per_round_ratio_median']:.2f}); Keras' own fit (a new "
+        f"iterator every epoch) {unknown['timing']['unknown_size_keras_own']['median_s']:.3f} "
+        f"s, / in-memory {unknown['keras_own_over_in_memory']:.2f}; in memory "
+        f"{unknown['timing']['in_memory']['median_s']:.3f} s"
     )
     if args.only_fit:
         return

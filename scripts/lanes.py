@@ -1,8 +1,10 @@
-"""The suite's lanes, balanced by each test file's recorded seconds (used by scripts/test).
+"""The suite's passes, balanced by each test file's recorded seconds (used by scripts/test).
 
-    python scripts/lanes.py split N        print N lanes, one line per (lane, flavour) pass:
-                                           "<lane> <pure|keras3|tf_keras> <test files...>",
-                                           and lane 0: the files with `timing` tests
+    python scripts/lanes.py split N        print the passes for N lanes, one line each:
+                                           "<id> <pure|keras3|tf_keras> <test files...>";
+                                           id 0: the files with `timing` tests (lane 0's);
+                                           ids q1, q2...: the queue, longest first, which the
+                                           N lanes take from as each becomes free
     python scripts/lanes.py merge OUT IN.. merge the per-pass times IN (pure-*.json,
                                            keras3-*.json, tf_keras-*.json) into OUT
 
@@ -13,8 +15,11 @@ TensorFlow refused (the plugin support.no_tensorflow, which is what
 tests/test_runs_without_tensorflow.py checks for a plain `pytest`; it is left out here). Every
 other test file runs on Keras 3, and again on tf_keras when it marks tests `keras`. The files
 that share the session's 2-worker cluster (the `two_worker_phases` fixture) stay in one pass,
-which starts that cluster once. Passes are placed longest first on the lane that ends earliest;
-a file with no recorded time counts as the median of the recorded ones.
+which starts that cluster once. Each flavour's files are cut into passes of about a third of a
+lane's share (longest file first into the lightest pass), so that a pass's TensorFlow import is
+shared by several files and the queue still ends evenly: a plan fixed in advance leaves one lane
+long, because the seconds recorded swing with the suite's own load. A file with no recorded time
+counts as the median of the recorded ones.
 
 The tests marked `timing` (their truth is a figure measured in time) run apart, in lane 0 at
 normal priority, while scripts/test runs the other lanes niced: they measure on the cores as a
@@ -71,29 +76,40 @@ def _units(flavour: str, times: dict[str, float]) -> list[tuple[float, list[str]
     return units
 
 
-def split(lanes: int) -> list[tuple[int, str, list[str]]]:
-    """Longest-processing-time-first placement of every unit on ``lanes`` lanes."""
+PASSES_PER_LANE = 3
+"""Passes per lane's share of the seconds: more passes end the lanes closer together, each
+costs one more TensorFlow import (about 5 s)."""
+
+
+def _passes(units: list[tuple[float, list[str]]], count: int) -> list[tuple[float, list[str]]]:
+    """``units`` placed longest first on the lightest of ``count`` passes (empty ones dropped)."""
+    passes: list[tuple[float, list[str]]] = [(0.0, []) for _ in range(count)]
+    for seconds, files in sorted(units, key=lambda unit: (-unit[0], unit[1])):
+        lightest = min(range(count), key=lambda index: passes[index][0])
+        total, placed = passes[lightest]
+        passes[lightest] = (total + seconds, [*placed, *files])
+    return [entry for entry in passes if entry[1]]
+
+
+def split(lanes: int) -> list[tuple[str, str, list[str]]]:
+    """Lane 0's timing passes, then the queue of passes, longest first."""
     times = _times()
-    work = [
-        (seconds, flavour, files)
+    units = {flavour: _units(flavour, times[flavour]) for flavour in FLAVOURS}
+    total = sum(seconds for found in units.values() for seconds, _ in found)
+    share = max(total / (lanes * PASSES_PER_LANE), 1.0)
+    queue = [
+        (seconds, flavour, sorted(files))
         for flavour in FLAVOURS
-        for seconds, files in _units(flavour, times[flavour])
+        for seconds, files in _passes(
+            units[flavour], max(1, round(sum(s for s, _ in units[flavour]) / share))
+        )
     ]
-    work.sort(key=lambda unit: (-unit[0], unit[1], unit[2]))
-    loads = [0.0] * lanes
-    placed: dict[tuple[int, str], list[str]] = {}
-    for seconds, flavour, files in work:
-        lane = loads.index(min(loads))
-        loads[lane] += seconds
-        placed.setdefault((lane, flavour), []).extend(files)
+    queue.sort(key=lambda entry: (-entry[0], entry[1], entry[2]))
     timing = [path for path in _test_files() if TIMING_MARK in (ROOT / path).read_text()]
     keras_timing = [path for path in timing if "mark.keras" in (ROOT / path).read_text()]
-    apart = [(0, "keras3", timing), (0, "tf_keras", keras_timing)]
+    apart = [("0", "keras3", timing), ("0", "tf_keras", keras_timing)]
     return [entry for entry in apart if entry[2]] + [
-        (lane + 1, flavour, sorted(placed[(lane, flavour)]))
-        for lane in range(lanes)
-        for flavour in FLAVOURS
-        if (lane, flavour) in placed
+        (f"q{index}", flavour, files) for index, (_, flavour, files) in enumerate(queue, 1)
     ]
 
 
@@ -109,8 +125,8 @@ def merge(out: Path, inputs: list[Path]) -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) == 2 and argv[0] == "split" and argv[1].isdigit() and int(argv[1]) > 0:
-        for lane, flavour, files in split(int(argv[1])):
-            print(lane, flavour, *files)
+        for name, flavour, files in split(int(argv[1])):
+            print(name, flavour, *files)
         return 0
     if len(argv) >= 2 and argv[0] == "merge":
         merge(Path(argv[1]), [Path(p) for p in argv[2:]])

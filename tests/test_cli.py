@@ -1,9 +1,10 @@
 """The command line: report, env, exit statuses, and argument errors in one line.
 
 These run again with TensorFlow refused (tests/test_runs_without_tensorflow.py): the
-event files are written with TensorBoard's own TensorFlow-free writer, and the cases that need
-the whole command (``env`` with TensorFlow, closed pipes, path arguments) run it as a child
-process with a hard timeout.
+event files are written with TensorBoard's own TensorFlow-free writer. ``env`` with TensorFlow
+runs in one child process for all its environments (TensorFlow imported once); the cases that
+need the whole command (closed pipes, path arguments, a stand-in TensorFlow) run it as a child
+process each, with a hard timeout.
 """
 
 from __future__ import annotations
@@ -212,9 +213,74 @@ def run_cli(
     )
 
 
-def test_env_names_no_strategy_auto_strategy_refuses_and_exits_1() -> None:
+# `tfdp-utils env` under several environments, in one child process that imports TensorFlow
+# once: each case sets its variables, calls cli.main (which reads the environment at each call)
+# with stdout and stderr captured, and records its return value as the exit status. An error
+# escaping main is printed as a traceback into that case's stderr (the "Traceback" checks
+# below). The closed-pipe and stand-in tests run the command itself, one process each.
+ENV_CASES: dict[str, dict[str, str]] = {
+    "cluster-timeout-abc": {"TFDP_CLUSTER_TIMEOUT": "abc"},
+    "collective-timeout-negative": {"TFDP_COLLECTIVE_TIMEOUT": "-1"},
+    **{f"exit-grace-{value}": {"TFDP_EXIT_GRACE": value} for value in ("abc", "-1", "nan", "inf")},
+    "exit-grace-empty": {"TFDP_EXIT_GRACE": ""},
+}
+ENV_ARGV = {"collective-timeout-negative": ["env", "--json"]}
+
+ENV_RUNNER = r"""
+import contextlib, io, json, os, sys, traceback
+from tfdp_utils import cli
+
+cases, argvs = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+base = dict(os.environ)
+results = {}
+for name, env in cases.items():
+    os.environ.clear()
+    os.environ.update({**base, **env})
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            status = cli.main(argvs.get(name, ["env"]))
+        except SystemExit as exit:
+            status = exit.code
+        except BaseException:
+            traceback.print_exc()
+            status = None
+    results[name] = {"status": status, "stdout": out.getvalue(), "stderr": err.getvalue()}
+print("RESULTS " + json.dumps(results), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def env_runs() -> dict[str, subprocess.CompletedProcess[str]]:
+    """Each case of :data:`ENV_CASES`: ``tfdp-utils env``'s status, stdout and stderr."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "TFDP_"))}
+    for name in ("TF_CONFIG", "SLURM_PROCID"):
+        full_env.pop(name, None)
+    full_env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    child = subprocess.run(
+        [sys.executable, "-c", ENV_RUNNER, json.dumps(ENV_CASES), json.dumps(ENV_ARGV)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=str(REPO),
+        env=full_env,
+        check=False,
+    )
+    lines = [line for line in child.stdout.splitlines() if line.startswith("RESULTS ")]
+    assert child.returncode == 0 and lines, child.stdout[-3000:] + child.stderr[-3000:]
+    return {
+        name: subprocess.CompletedProcess(
+            ENV_ARGV.get(name, ["env"]), run["status"], run["stdout"], run["stderr"]
+        )
+        for name, run in json.loads(lines[-1][len("RESULTS ") :]).items()
+    }
+
+
+def test_env_names_no_strategy_auto_strategy_refuses_and_exits_1(
+    env_runs: dict[str, subprocess.CompletedProcess[str]],
+) -> None:
     # Before: exit 0 and "would build: OneDeviceStrategy", while auto_strategy() raised.
-    result = run_cli("env", env={"TFDP_CLUSTER_TIMEOUT": "abc"})
+    result = env_runs["cluster-timeout-abc"]
     assert result.returncode == 1, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     out = result.stdout
@@ -225,8 +291,10 @@ def test_env_names_no_strategy_auto_strategy_refuses_and_exits_1() -> None:
     assert "- CPU devices (1)" in out  # the rest of the report is still there
 
 
-def test_env_json_lists_the_problems_auto_strategy_raises() -> None:
-    result = run_cli("env", "--json", env={"TFDP_COLLECTIVE_TIMEOUT": "-1"})
+def test_env_json_lists_the_problems_auto_strategy_raises(
+    env_runs: dict[str, subprocess.CompletedProcess[str]],
+) -> None:
+    result = env_runs["collective-timeout-negative"]
     assert result.returncode == 1, result.stderr[-3000:]
     report = json.loads(result.stdout)
     assert report["strategy"] is None
@@ -245,7 +313,9 @@ def test_env_json_lists_the_problems_auto_strategy_raises() -> None:
         ("inf", "must be a number of seconds >= 0, but received TFDP_EXIT_GRACE='inf'."),
     ],
 )
-def test_env_refuses_the_exit_grace_the_exit_guard_refuses(value: str, named: str) -> None:
+def test_env_refuses_the_exit_grace_the_exit_guard_refuses(
+    value: str, named: str, env_runs: dict[str, subprocess.CompletedProcess[str]]
+) -> None:
     # Before: "Environment check: OK", exit 0 and "would build: OneDeviceStrategy", while
     # auto_strategy() raised this message when it installed the exit guard.
     from tfdp_utils import _exit_guard
@@ -254,7 +324,7 @@ def test_env_refuses_the_exit_grace_the_exit_guard_refuses(value: str, named: st
         _exit_guard.grace({"TFDP_EXIT_GRACE": value})
     message = str(raised.value)
     assert message.startswith("TFDP_EXIT_GRACE ") and named in message
-    result = run_cli("env", env={"TFDP_EXIT_GRACE": value})
+    result = env_runs[f"exit-grace-{value}"]
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     out = result.stdout
@@ -264,9 +334,11 @@ def test_env_refuses_the_exit_grace_the_exit_guard_refuses(value: str, named: st
     assert f"- Why: auto_strategy() raises ValueError here: {message}\n" in out
 
 
-def test_env_accepts_an_empty_exit_grace() -> None:
+def test_env_accepts_an_empty_exit_grace(
+    env_runs: dict[str, subprocess.CompletedProcess[str]],
+) -> None:
     # An empty value counts as unset, for the guard (its default backstop) and for the check.
-    result = run_cli("env", env={"TFDP_EXIT_GRACE": ""})
+    result = env_runs["exit-grace-empty"]
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "- Environment check: OK" in result.stdout
     assert "- Strategy auto_strategy() would build: OneDeviceStrategy" in result.stdout

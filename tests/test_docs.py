@@ -54,7 +54,10 @@ for page, blocks in pages.items():
             with contextlib.redirect_stdout(out):
                 exec(compile(block, f"{page}[block {number}]", "exec"), namespace)
         except BaseException:
-            status = f"block {number} failed:\n{block}\n{traceback.format_exc()}"
+            status = (
+                f"block {number} failed:\n{block}\nit printed:\n{out.getvalue()}\n"
+                f"{traceback.format_exc()}"
+            )
             break
         finally:
             printed[page].append(out.getvalue())

@@ -41,6 +41,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "tfdp_utils._exit_guard",
         "tfdp_utils._exit_barrier",
         "tfdp_utils._interrupts",
+        "tfdp_utils._checkpoint_files",
     ),
     ("tfdp_utils._tf",),
     ("tfdp_utils.cluster",),

@@ -40,6 +40,8 @@ PURE_MODULES = (
     "tfdp_utils.throughput._restarts",
     "tfdp_utils.throughput._count_source",
     "tfdp_utils._dataset_info",
+    "tfdp_utils._checkpoint_files",
+    "tfdp_utils.strategy._resuming",
     "tfdp_utils.cli",
     "tfdp_utils._waiting",
     "tfdp_utils.strategy._xla",

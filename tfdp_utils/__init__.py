@@ -70,6 +70,8 @@ if TYPE_CHECKING:
     )
     from tfdp_utils.training._step import DistributedTrainStep as DistributedTrainStep
     from tfdp_utils.training._step import make_distributed_train_step as make_distributed_train_step
+    from tfdp_utils.training._step_files import ReplayedStep as ReplayedStep
+    from tfdp_utils.training._step_files import replay_step as replay_step
 
 __version__ = "0.1.0"
 

@@ -179,12 +179,17 @@ class StreamPosition:
         shape_change: how the job's shape changed at this position (an elastic resume on
             another number of replicas or workers, e.g. ``"2 workers x 1 replica (4 examples
             per replica) -> 1 worker x 2 replicas (4 examples per replica)"``), or None.
+        step_offset: steps the job trained before ``epoch * steps_per_epoch + step`` counts
+            (the rest of an epoch of files sharded by file, laid out on a shape whose epochs
+            have another number of steps): the job's global step at the stream's start is
+            ``step_offset + epoch * steps_per_epoch + step``.
     """
 
     epoch: int
     step: int
     built_from: DatasetInfo | None = None
     shape_change: str | None = None
+    step_offset: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,6 +215,14 @@ class DatasetRecord:
         position: where a resumed stream starts; None for a dataset as the builder made it.
         replaces: for the stream ``fit`` trains on instead of a builder dataset (one iterator
             per job, :mod:`tfdp_utils.compat._one_iterator`), that dataset; None otherwise.
+        example_index: builds the :class:`~tfdp_utils.data._replay.ExampleIndex` that names
+            the source indices of a step's examples (``DivergenceGuard``), or a sentence
+            saying why they have none; None where the builder cannot say (the tf.data
+            service, a source function that batches itself).
+        learnable: for a dataset of unknown size, builds the
+            :class:`~tfdp_utils.data._learned_epochs.Learnable` that streams its epochs padded
+            to the steps ``fit`` learns in the first one (returns None where it cannot); None
+            for every other dataset.
     """
 
     info: DatasetInfo
@@ -219,6 +232,8 @@ class DatasetRecord:
     rebuild_on_one_device: Callable[[], Any] | None = None
     position: StreamPosition | None = None
     replaces: Any = None
+    example_index: Callable[[], Any] | None = None
+    learnable: Callable[[], Any] | None = None
 
 
 def carry(dataset: Any, record: DatasetRecord) -> Any:

@@ -8,8 +8,8 @@ tf_keras when ``TF_USE_LEGACY_KERAS=1`` was set before TensorFlow resolved ``tf.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, cast
 
 from tfdp_utils._versions import (
     OLDEST_KERAS,
@@ -381,7 +381,47 @@ def batches_trained(model: Any) -> int:
     trained = getattr(state, "batches_trained", None)
     if callable(trained):
         return int(trained(model.optimizer))
-    return int(optimizer_batch_counter(model.optimizer).numpy())
+    return int(read_variable(optimizer_batch_counter(model.optimizer)))
+
+
+def read_variable(variable: Any) -> Any:
+    """The value of ``variable`` on the host (what ``variable.numpy()`` returns).
+
+    A plain resource variable (Keras 3's variables hold one) is read with one eager op, about
+    a quarter of ``numpy()``'s cost (which adds a name scope and an identity op); any other
+    variable (a distributed one, a read inside a function) through ``numpy()``.
+    """
+    from tensorflow.python.eager import context
+    from tensorflow.python.ops import gen_resource_variable_ops, resource_variable_ops
+
+    inner: Any = variable if isinstance(variable, tf.Variable) else getattr(variable, "value", None)
+    if type(inner) is resource_variable_ops.ResourceVariable and context.executing_eagerly():
+        return gen_resource_variable_ops.read_variable_op(inner.handle, inner.dtype).numpy()
+    return variable.numpy()
+
+
+def traced_as_written(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` for a tf.data transformation, traced as written: AutoGraph does not rewrite it.
+
+    For tfdp-utils' own pipeline functions, whose branches are on Python values only:
+    AutoGraph rewrites a function's source once per process (0.1-0.3 s each here, several
+    per positioned stream: most of a resume's data side). The functions ``fn`` hands to tf.data
+    in turn (a user's ``map_fn`` or ``reader``) are converted as tf.data converts them
+    anywhere: inside ``fn`` the conversion status is the unspecified one of eager code, not
+    the disabled one of ``tf.autograph.experimental.do_not_convert``. Where TensorFlow's
+    private AutoGraph modules are missing, ``fn`` is returned as it is (converted as before).
+    """
+    try:
+        from tensorflow.python.autograph.core import ag_ctx
+        from tensorflow.python.autograph.impl import api as autograph_api
+    except ImportError:  # pragma: no cover - private modules moved
+        return fn
+
+    def as_written(*args: Any) -> Any:
+        with ag_ctx.ControlStatusCtx(status=ag_ctx.Status.UNSPECIFIED):
+            return fn(*args)
+
+    return cast(Callable[..., Any], autograph_api.autograph_artifact(as_written))
 
 
 def autograph_rules_without_tf_keras() -> tuple[Any, tuple[Any, ...]] | None:

@@ -83,6 +83,15 @@ smoke() { # label [TF_USE_LEGACY_KERAS value]
   read -r RC SECONDS_TAKEN <"$LOG/$label.rc"
   local summary; summary=$(grep -E '[0-9]+ (passed|failed|error)' "$LOG/$label.txt" | tail -1 | tr -d '=')
   record "$label" "$([ "$RC" = 0 ] && echo ok || echo FAIL)" "${SECONDS_TAKEN}s ${summary:-rc=$RC, no summary}"
+  cause "$label"
+}
+
+cause() { # label: a failed check shows its cause where CI prints this environment's lines
+  # pytest's short summary (the failing tests and their messages, with the workers' output for
+  # real-process tests), or the log's tail when there is none (a timeout, a crash, demo, doctor).
+  [ "$RC" = 0 ] && return
+  { sed -n '/short test summary info/,$p' "$LOG/$1.txt" | grep -v 'oneDNN custom operations' |
+      grep . || tail -n 40 "$LOG/$1.txt"; } | head -n 80 | sed 's/^/    | /'
 }
 
 check() {
@@ -92,6 +101,7 @@ check() {
       TF_USE_LEGACY_KERAS=$legacy timed "$label" "$VENV/bin/tfdp-utils" demo
       record "$label" "$([ $RC = 0 ] && echo ok || echo FAIL)" \
         "${SECONDS_TAKEN}s $(grep -iE 'accuracy' "$LOG/$label.txt" | tail -1 | cut -c1-60)"
+      cause "$label"
     done ;;
   esac
   case ",${SKIP:-}," in *,doctor,*) ;; *)
@@ -100,6 +110,7 @@ check() {
       TF_USE_LEGACY_KERAS=$legacy timed "$label" "$VENV/bin/tfdp-utils" doctor
       record "$label" "$([ $RC = 0 ] && echo ok || echo FAIL)" \
         "${SECONDS_TAKEN}s $(grep -cE '^ *PASS' "$LOG/$label.txt") PASS, $(grep -cE '^ *FAIL' "$LOG/$label.txt") FAIL"
+      cause "$label"
     done ;;
   esac
   case ",${SKIP:-}," in *,smoke,*) ;; *) smoke smoke ;; esac

@@ -153,17 +153,25 @@ def test_a_real_tensorboard_lists_the_runs_and_serves_the_tags(tmp_path: Path) -
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 90
         runs: list[str] = []
+        tags: dict[str, Any] = {}
+        # TensorBoard lists a run once it finds its folder and loads its events after, on its
+        # own thread: wait until the last tag written (the goodput, at the fit's end) is served.
         while time.monotonic() < deadline:
             assert server.poll() is None, "tensorboard exited"
             try:
                 runs = _get(f"{base}/data/runs")
+                tags = _get(f"{base}/data/plugin/scalars/tags")
             except (urllib.error.URLError, ConnectionError, TimeoutError):
-                runs = []
-            if {"global", "replica_0", "replica_1"} <= set(runs):
+                runs, tags = [], {}
+            served = {run: set(tags.get(run, {})) for run in ("global", "replica_0")}
+            if (
+                {"global", "replica_0", "replica_1"} <= set(runs)
+                and "goodput/goodput" in served["global"]
+                and "throughput/examples" in served["replica_0"]
+            ):
                 break
             time.sleep(1)
         assert {"global", "replica_0", "replica_1"} <= set(runs), runs
-        tags = _get(f"{base}/data/plugin/scalars/tags")
         assert {
             "throughput/examples_per_sec",
             "throughput/steps_per_sec",

@@ -5,6 +5,7 @@ named at the first step. References are runs of the same strategy without the gu
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -92,6 +93,7 @@ def test_stop_names_the_step_and_replica_and_keeps_the_last_finite_weights(
     assert len(history.history["loss"]) == 1  # stopped at the first read, the epoch's end
     assert guard.summary()["stopped"] and all_finite(model)
     assert "batch 3 (step 4 of this fit) on replica 1 on worker 0" in caplog.text
+    assert found.examples == () and "build_distributed_dataset()" in found.examples_unknown
     # The weights are those of the same run on the batches before the bad one.
     reference = build(strategy)
     fit(reference, x[: BAD_BATCH * BATCH], y[: BAD_BATCH * BATCH], epochs=1)
@@ -119,16 +121,41 @@ def test_skip_ends_with_the_weights_of_a_run_without_that_batch(strategy: Any) -
     assert all_finite(model)
 
 
-def test_skip_stops_after_more_than_max_skipped_steps(strategy: Any) -> None:
+def skipped_scalars(log_dir: Path) -> list[tuple[int, float]]:
+    """The guard's skipped-steps scalar, read back from the event files of the run."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(log_dir / "global"), size_guidance={"tensors": 0})
+    accumulator.Reload()
+    return [
+        (event.step, float(tf.make_ndarray(event.tensor_proto)))
+        for event in accumulator.Tensors("divergence/skipped_steps")
+    ]
+
+
+def test_skip_stops_after_more_than_max_skipped_steps(
+    strategy: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     x, y = data()
     x[[5, 13, 21, 37], 0] = np.nan  # batches 0, 1, 2 and 4; batch 3 holds the planted inf
     model = build(strategy)
-    guard = DivergenceGuard(policy="skip", max_skipped_steps=3, check_every_n_steps=1)
-    fit(model, x, y, epochs=3, callbacks=[guard])
+    guard = DivergenceGuard(
+        policy="skip", max_skipped_steps=3, check_every_n_steps=1, log_dir=str(tmp_path)
+    )
+    with caplog.at_level(logging.WARNING, logger="tfdp_utils"):
+        fit(model, x, y, epochs=3, callbacks=[guard])
     summary = guard.summary()
     assert summary["stopped"] and summary["skipped_steps"] == 4
     assert summary["divergence"].step == 1 and summary["divergence"].replicas == (1,)
     assert all_finite(model)
+    # The stop says why and the report names the first non-finite step.
+    assert "stops training: more than max_skipped_steps=3 steps were skipped" in caplog.text
+    assert "batch 0 (step 1 of this fit) on replica 1" in caplog.text
+    # In TensorBoard: 0 at the start, rising with the reads (on Keras 3 a read may come a step
+    # late, off the training thread), and at the last step the count summary() gives.
+    points = skipped_scalars(tmp_path)
+    assert points[0] == (0, 0.0) and points[-1] == (summary["steps"], 4.0)
+    assert [value for _, value in points] == sorted({value for _, value in points})
 
 
 class Overflow(keras.layers.Layer):  # type: ignore[misc]
@@ -240,9 +267,11 @@ def test_one_device_without_a_strategy_is_guarded_too() -> None:
     assert guard.summary()["skipped_steps"] == 1 and all_finite(model)
 
 
-def custom_loop(strategy: Any, x: np.ndarray, y: np.ndarray, guard: Any = None) -> tuple[Any, int]:
-    """``make_distributed_train_step`` over the batches of (x, y); returns the model and the
-    batches trained before the guard said stop."""
+def custom_loop(
+    strategy: Any, x: np.ndarray, y: np.ndarray, guard: Any = None, *, builder: bool = False
+) -> tuple[Any, int]:
+    """``make_distributed_train_step`` over the batches of (x, y) (through the builder with
+    ``builder``); returns the model and the batches trained before the guard said stop."""
     keras.utils.set_random_seed(1)
     with strategy.scope():
         model = keras.Sequential(
@@ -255,11 +284,15 @@ def custom_loop(strategy: Any, x: np.ndarray, y: np.ndarray, guard: Any = None) 
         optimizer=optimizer,
         strategy=strategy,
     )
+    if builder:
+        dist = tdu.build_distributed_dataset((x, y), strategy=strategy, global_batch_size=BATCH)
+    else:
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+        dist = strategy.experimental_distribute_dataset(dataset)
     if guard is not None:
-        guard.watch(model, optimizer=optimizer)
-    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+        guard.watch(model, optimizer=optimizer, dataset=dist)
     trained = 0
-    for batch in strategy.experimental_distribute_dataset(dataset):
+    for batch in dist:
         step(batch)
         trained += 1
         if guard is not None and guard.check():
@@ -301,3 +334,147 @@ def test_a_later_fit_without_the_guard_trains_and_still_applies_no_inf(strategy:
     after = model.get_weights()
     assert any(not np.array_equal(a, b) for a, b in zip(before, after, strict=True))
     assert all_finite(model)
+
+
+def builder_data() -> tuple[np.ndarray, np.ndarray, int]:
+    """64 examples, an inf planted in example 45; returns the arrays and that index."""
+    x, y = data(plant=False)
+    x[45, 1] = np.inf
+    return x, y, 45
+
+
+@pytest.mark.parametrize("shuffled", [False, True])
+def test_a_builder_dataset_names_the_examples_of_the_bad_step(
+    strategy: Any, shuffled: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    x, y, bad = builder_data()
+    ids = np.arange(len(x), dtype="float32")[:, None]
+    options: dict[str, Any] = {"shuffle_buffer_size": 64, "seed": 3} if shuffled else {}
+    dist = tdu.build_distributed_dataset(
+        (x, y), strategy=strategy, global_batch_size=BATCH, **options
+    )
+    model = build(strategy)
+    guard = DivergenceGuard(policy="skip", check_every_n_steps=1)
+    with caplog.at_level(logging.INFO, logger="tfdp_utils"):
+        model.fit(dist, epochs=2, verbose=0, callbacks=[guard])
+    found = guard.summary()["divergence"]
+    assert found is not None and found.examples_unknown == ""
+    # Where example 45 went, counted independently: the same dataset over the examples' ids
+    # (as labels), iterated step by step through the strategy's own iterator. Over two epochs
+    # fit trains on the stream of whole epochs (each shuffled with its own seed): that one.
+    seen = tdu.build_distributed_dataset(
+        (ids, ids), strategy=strategy, global_batch_size=BATCH, **options
+    )
+    if shuffled:
+        seen = seen.tfdp.resumable().epochs_from(0, 3)
+    where = None
+    for step, (_, labels) in enumerate(seen):
+        for replica, part in enumerate(strategy.experimental_local_results(labels)):
+            if bad in part.numpy().reshape(-1).astype(int):
+                where = (step, replica, tuple(part.numpy().reshape(-1).astype(int)))
+        if where:
+            break
+    assert where is not None
+    step, replica, indices = where
+    assert (found.epoch, found.batch, found.step) == (0, step, step + 1)
+    assert found.replicas == (replica,)
+    assert [(e.replica, e.indices, e.non_finite) for e in found.examples] == [
+        (replica, indices, (bad,))
+    ]
+    assert found.non_finite_examples == (bad,)
+    assert f"non-finite values in examples [{bad}]" in caplog.text
+    assert guard.summary()["skipped_steps"] == 2 and all_finite(model)
+
+
+def test_a_shuffled_dataset_iterated_anew_each_epoch_says_why_its_examples_are_not_named(
+    strategy: Any,
+) -> None:
+    x, y, _ = builder_data()
+    dist = tdu.build_distributed_dataset(
+        (x, y), strategy=strategy, global_batch_size=BATCH, shuffle_buffer_size=64, seed=3
+    )
+    model = build(strategy)
+    guard = DivergenceGuard(check_every_n_steps=1)
+    model.fit(dist, epochs=1, verbose=0, callbacks=[guard])  # one epoch: no stream
+    found = guard.divergence
+    assert found is not None and found.examples == ()
+    assert "shuffles each pass over it anew" in found.examples_unknown
+
+
+def test_a_custom_loop_over_a_builder_dataset_names_the_examples(strategy: Any) -> None:
+    x, y = data()  # the inf in example 29: batch 3, replica 1's half (examples 28..31)
+    guard = DivergenceGuard(check_every_n_steps=1)
+    _, trained = custom_loop(strategy, x, y, guard, builder=True)
+    found = guard.divergence
+    assert trained == BAD_BATCH + 1 and found is not None and found.replicas == (1,)
+    assert [(e.replica, e.indices, e.non_finite) for e in found.examples] == [
+        (1, (28, 29, 30, 31), (BAD_EXAMPLE,))
+    ]
+
+
+def test_stop_saves_the_last_good_step_with_a_preemption_checkpoint_and_resumes_there(
+    strategy: Any, tmp_path: Path
+) -> None:
+    x, y = data()  # the inf in batch 3: steps 1..3 are good
+    fixed = x.copy()
+    fixed[BAD_EXAMPLE, 2] = 0.0  # the user's fix: the same data without the inf
+
+    def run(inputs: np.ndarray, directory: Path, guard: Any = None) -> Any:
+        model = build(strategy)
+        dist = tdu.build_distributed_dataset(
+            (inputs, y), strategy=strategy, global_batch_size=BATCH
+        )
+        # Periodic saves at steps 2 and 4: the one at 4 comes after the bad step (the guard
+        # reads every 3 batches) and must not be the one a resume starts from.
+        saver = tdu.callbacks.PreemptionCheckpoint(directory, exit=False, every_steps=2)
+        model.fit(dist, epochs=2, verbose=0, callbacks=[saver] + ([guard] if guard else []))
+        return model
+
+    guard = DivergenceGuard(check_every_n_steps=3)
+    stopped = run(x, tmp_path / "job", guard)
+    assert guard.summary()["stopped"] and all_finite(stopped)
+    assert guard.summary()["checkpoint"] == str(tmp_path / "job" / "ckpt-000000000003")
+    saved = sorted(p.name for p in (tmp_path / "job").iterdir() if p.name.startswith("ckpt"))
+    assert saved == ["ckpt-000000000002", "ckpt-000000000003"]
+    # Running the job again (on the fixed data) resumes at step 3, and ends with the weights
+    # of a job that trained on the fixed data from the start.
+    resumed = run(fixed, tmp_path / "job")
+    reference = run(fixed, tmp_path / "reference")
+    assert_same_weights(resumed, reference)
+
+
+def test_directory_saves_the_step_and_replay_step_reproduces_it_on_one_device(
+    strategy: Any, tmp_path: Path
+) -> None:
+    x, y = data()  # the inf in example 29: batch 3, replica 1 (examples 28..31)
+    model = build(strategy)
+    guard = DivergenceGuard(policy="skip", directory=tmp_path)
+    dist = tdu.build_distributed_dataset((x, y), strategy=strategy, global_batch_size=BATCH)
+    model.fit(dist, epochs=2, verbose=0, callbacks=[guard])
+    saved = guard.summary()["saved_to"]
+    assert saved == str(tmp_path / f"step-{BAD_BATCH + 1}")
+    # The weights saved are those before the step (training went on after it, under "skip"):
+    # a run on the 3 batches before it ends on them.
+    reference = build(strategy)
+    fit(reference, x[: BAD_BATCH * BATCH], y[: BAD_BATCH * BATCH], epochs=1)
+    with np.load(Path(saved) / "weights.npz") as weights:
+        for i, want in enumerate(v.numpy() for v in reference.trainable_variables):
+            np.testing.assert_array_equal(weights[f"w_{i}"], want)
+    assert any(
+        not np.array_equal(a.numpy(), b.numpy())
+        for a, b in zip(model.trainable_variables, reference.trainable_variables, strict=True)
+    )
+    # On one device, without a strategy: the same non-finite loss and gradients.
+    one_device = build(tf.distribute.get_strategy())
+    replayed = tdu.replay_step(saved, one_device)
+    assert replayed.reproduced and not replayed.loss_finite
+    assert len(replayed.non_finite_gradients) == len(one_device.trainable_variables)
+    assert replayed.report["step"] == BAD_BATCH + 1 and replayed.report["replica_saved"] == 1
+    # With that example's inf replaced, the same files give a finite loss: the inf was it.
+    with np.load(Path(saved) / "batch.npz") as batch:
+        np.testing.assert_array_equal(batch["leaf_0"], x[28:32])
+        leaves = {name: batch[name] for name in batch.files}
+    leaves["leaf_0"][1, 2] = 0.0
+    np.savez(Path(saved) / "batch.npz", **leaves)
+    fixed = tdu.replay_step(saved, build(tf.distribute.get_strategy()))
+    assert fixed.loss_finite and not fixed.reproduced

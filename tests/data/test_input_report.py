@@ -47,9 +47,13 @@ def figures(
     cpu: float | None = 0.6,
     **kwargs: object,
 ) -> Figures:
+    """Training on cached batches runs at ``model_rate`` (as on the held batch), fed from the
+    pipeline at ``together`` (by default the slower of the input and the model)."""
+    kwargs.setdefault("replicas", 2)
     return Figures(
         input=rate(input_rate, cpu_share_of_two=cpu),
         model=rate(model_rate),
+        cached=rate(model_rate),
         together=rate(together if together is not None else min(input_rate, model_rate)),
         stages=stages,
         cores=2,
@@ -83,7 +87,7 @@ def test_the_slow_stage_is_the_first_near_the_slowest(
 # ---------------------------------------------------------------------------- verdicts
 
 
-def test_factor_is_model_over_input_and_sets_the_verdict() -> None:
+def test_factor_is_cached_over_together_and_sets_the_verdict() -> None:
     report = diagnose(
         figures((timed(SOURCE, 1_000),), input_rate=1_000, model_rate=5_000),
         seconds=4.0,
@@ -94,7 +98,7 @@ def test_factor_is_model_over_input_and_sets_the_verdict() -> None:
     assert report.input_bound
     assert report.bottleneck == "TensorSlice"
     assert report.input_cpu_share == pytest.approx(0.6)
-    assert report.steps == (20, 20, 20)
+    assert report.steps == (20, 20, 20, 20)
     balanced = diagnose(
         figures((), input_rate=1_000, model_rate=1_050),
         seconds=4.0,
@@ -108,7 +112,7 @@ def test_factor_is_model_over_input_and_sets_the_verdict() -> None:
 def test_not_input_bound_says_so_and_nothing_about_the_pipeline() -> None:
     advice = advise(figures((timed(SERIAL_READ, 900),), input_rate=5_000, model_rate=1_000))
     assert kinds(advice) == ["compute"]
-    assert "5.0x what the model consumes" in advice[0].message
+    assert "at 100% of the speed on the same batches held in memory" in advice[0].message
 
 
 # ------------------------------------------------------------------------------ advice
@@ -129,10 +133,11 @@ def test_one_file_gets_more_files() -> None:
     assert "at least 4" in advice[0].message  # 2 per core, 2 cores
 
 
-def test_a_serial_python_map_gets_parallel_calls_cache_and_service() -> None:
+def test_a_serial_python_map_gets_parallel_calls_and_cache_but_not_the_service() -> None:
+    # A py_function cannot run on the tf.data service's workers.
     stages = (timed(SOURCE, 500_000), timed(SERIAL_MAP, 1_000), timed(BATCH, 1_000))
     advice = advise(figures(stages))
-    assert kinds(advice) == ["parallel_map", "cache", "service"]
+    assert kinds(advice) == ["parallel_map", "cache"]
     assert "num_parallel_calls=tf.data.AUTOTUNE" in advice[0].message
     assert "GIL" in advice[0].message
     assert ".cache()" in advice[1].message
@@ -162,7 +167,9 @@ def test_no_cache_advice_when_a_cache_follows_and_no_service_when_in_use() -> No
         (dataclasses.replace(PARALLEL_READ, files=4), {}, []),  # 2 per core: enough
         (dataclasses.replace(PARALLEL_READ, files=None), {}, []),  # files unknown
         (Stage("Generator", "generator", None, True), {}, ["python"]),
-        (SERIAL_MAP, {}, ["parallel_map", "cache", "service"]),
+        (SERIAL_MAP, {}, ["parallel_map", "cache"]),  # Python: no service
+        (SERIAL_PLAIN_MAP, {}, ["parallel_map", "cache", "service"]),
+        (PARALLEL_MAP, {"first_epoch": True}, ["cache"]),  # the cache being filled: no service
         (PARALLEL_MAP, {}, ["cache", "service"]),
         (PARALLEL_MAP, {"cached_after": (0,)}, ["service"]),
         (PARALLEL_MAP, {"service": True}, ["cache"]),
@@ -234,13 +241,15 @@ def test_the_distributed_iterator_as_the_slow_part() -> None:
     [(False, "add .prefetch(tf.data.AUTOTUNE)"), (True, "compete for the same cores")],
 )
 def test_no_overlap_gets_prefetch_or_contention(prefetches: bool, phrase: str) -> None:
-    # model 1,000/s, input 5,000/s: training should reach 1,000/s, gets 500/s
+    # cached 1,000/s, input 5,000/s: training should reach 1,000/s, gets 500/s
     advice = advise(
         figures((), input_rate=5_000, model_rate=1_000, together=500, prefetches=prefetches)
     )
-    assert kinds(advice) == ["compute", "overlap"]
-    assert phrase in advice[1].message
-    assert "500 examples/s, below the slower of the two alone (1,000)" in advice[1].message
+    assert kinds(advice) == ["overlap"]
+    assert phrase in advice[0].message
+    assert "500 examples/s, below the slower of the pipeline alone and training on cached" in (
+        advice[0].message
+    )
 
 
 def test_summary_is_a_bug_report() -> None:
@@ -256,7 +265,9 @@ def test_summary_is_a_bug_report() -> None:
         notes=("a note",),
     )
     text = report.summary()
-    assert text.startswith("tfdp-utils diagnose_input: INPUT-BOUND: the model could train 4.0x")
+    assert text.startswith(
+        "tfdp-utils diagnose_input: INPUT-BOUND: training fed from the pipeline runs 4.0x slower"
+    )
     for part in (
         "MirroredStrategy, 2 replica(s); keras3 3.15.1",
         "global batch 64",
@@ -271,3 +282,89 @@ def test_summary_is_a_bug_report() -> None:
         "(diagnosis took 6.5 s)",
     ):
         assert part in text, part
+
+
+# ---------------------------------------------------- what applies to the strategy at hand
+
+
+def test_one_replica_never_blames_the_distributed_iterator() -> None:
+    # Every stage faster than the iterator delivers: on 2 replicas the split is the slow part;
+    # on 1 nothing is split, so no stage and no iterator is named.
+    stages = (timed(SOURCE, 50_000), timed(BATCH, 40_000))
+    for replicas, named in ((2, True), (1, False)):
+        report = diagnose(
+            figures(stages, replicas=replicas),
+            seconds=1.0,
+            global_batch_size=64,
+            num_replicas_in_sync=replicas,
+        )
+        assert report.input_bound
+        assert (report.bottleneck == DISTRIBUTED_ITERATOR) is named
+        assert ("distribution" in kinds(report.advice)) is named
+        assert (DISTRIBUTED_ITERATOR in report.summary()) is named
+    assert bottleneck(stages, 1_000, replicas=1) is None
+
+
+def test_first_epoch_figures_say_so_and_get_no_service_advice() -> None:
+    # An expensive map before a cache() being filled, CPU saturated: the service would be
+    # advised twice (the map, the CPU) were the figures not first-epoch ones.
+    stages = (timed(SOURCE, 500_000), timed(PARALLEL_MAP, 1_000), PREFETCH)
+    for first_epoch in (False, True):
+        report = diagnose(
+            figures(stages, cpu=0.95, cached_after=(0, 1), first_epoch=first_epoch),
+            seconds=1.0,
+            global_batch_size=64,
+            num_replicas_in_sync=2,
+        )
+        assert report.first_epoch is first_epoch
+        assert ("service" in kinds(report.advice)) is not first_epoch
+        assert ("first epoch" in report.summary()) is first_epoch
+        assert any("first-epoch figures" in note for note in report.notes) is first_epoch
+
+
+def test_no_batch_within_the_budget_is_undetermined_with_the_phases_cut() -> None:
+    generator = Stage("FlatMap", "generator", None, True)
+    report = diagnose(
+        Figures(input=None, model=None, together=None, stages=(SOURCE, generator, BATCH)),
+        seconds=1.8,
+        global_batch_size=0,
+        num_replicas_in_sync=1,
+        cut_short=("input",),
+    )
+    assert report.input_bound is None and report.factor is None
+    assert report.steps == (0, 0, 0, 0)
+    assert kinds(report.advice) == ["budget", "python"]  # the generator, slow by its kind
+    assert "not timed" in report.advice[1].message
+    text = report.summary()
+    assert text.startswith("tfdp-utils diagnose_input: UNDETERMINED")
+    assert "max_seconds cut short: input" in text
+
+
+def test_the_pipeline_alone_stands_in_when_training_on_it_was_not_timed() -> None:
+    # Too slow to train on within the budget: the pipeline alone against the cached batches.
+    report = diagnose(
+        dataclasses.replace(figures((), input_rate=10, model_rate=1_000), together=None),
+        seconds=4.0,
+        global_batch_size=2,
+        num_replicas_in_sync=2,
+        cut_short=("together",),
+    )
+    assert report.factor == pytest.approx(100.0)
+    assert report.input_bound and report.training_examples_per_sec is None
+    assert "not timed" in report.summary()
+
+
+def test_a_difference_within_the_windows_spread_is_not_input_bound() -> None:
+    # Fed from the pipeline 1,000/s; cached batches 1,500/s at best but 900/s in their slowest
+    # window: load moved the figures as much as the input did.
+    base = figures((), input_rate=5_000, model_rate=1_500, together=1_000)
+    for slowest, bound in ((900, False), (1_100, True)):
+        report = diagnose(
+            dataclasses.replace(base, cached_slowest=rate(slowest)),
+            seconds=4.0,
+            global_batch_size=64,
+            num_replicas_in_sync=2,
+        )
+        assert report.factor == pytest.approx(1.5)
+        assert report.input_bound is bound
+        assert ("within the spread of its windows" in report.summary()) is not bound

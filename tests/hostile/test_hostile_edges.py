@@ -207,8 +207,8 @@ ENVIRONMENT_CASES: list[Case] = [
     ),
     (
         "env: TFDP_COLLECTIVE_TIMEOUT=inf",
-        _env("TFDP_COLLECTIVE_TIMEOUT", "inf", reads=math.inf),
-        Accepts("an infinite collective bound never aborts a call: the watchdog only reports"),
+        _env("TFDP_COLLECTIVE_TIMEOUT", "inf", reads=None),  # no bound, as 0 and off
+        Accepts("an infinite collective bound is no bound, as 0 and off: nothing is aborted"),
     ),
     (
         "env: TFDP_COLLECTIVE_TIMEOUT=1e3",
@@ -768,7 +768,7 @@ REPORT_CASES: list[Case] = [
 def _diagnose(make: Callable[[], Any]) -> Callable[[], None]:
     def call() -> None:
         _, model, _ = _model_and_data()
-        tdu.diagnose_input(model, make(), steps=2, max_seconds=2.0)
+        tdu.diagnose_input(model, make(), steps=2, max_seconds=10.0)  # fails at the first step
 
     return call
 

@@ -112,15 +112,19 @@ def _phase_when_parked(
     thread = threading.Thread(target=train, daemon=True)
     thread.start()
     assert parked.wait(120), f"the cell never parked ({errors})"
-    # As the watchdog does: a phase counts once it lasted (the same anchor at two samples);
-    # the loop may still train on batches fetched before the pipeline blocked.
+    # As the watchdog does: a phase counts once it lasted (the same anchor over 1.2 s: four
+    # samples 0.3 s apart); the loop may still train on batches fetched before the pipeline
+    # blocked, and under load a passing phase (a garbage collection destroying an iterator
+    # inside Keras' frames) can last over one interval.
     last: Any = None
+    steady = 0
     deadline = time.monotonic() + 60
     while True:
         time.sleep(0.3)
         frame = sys._current_frames()[thread.ident or 0]
         seen = frame_phase(frame, _in_call)
-        if last is not None and seen.anchor is last.anchor:
+        steady = steady + 1 if last is not None and seen.anchor is last.anchor else 0
+        if steady == 4:
             break
         assert time.monotonic() < deadline, "the training thread never stayed in one phase"
         last = seen

@@ -161,4 +161,7 @@ def test_a_resumed_job_goes_on_with_its_series(
     goodput = summarize(read_runs(str(tmp_path / "logs")))["goodput"]
     assert goodput is not None and goodput["fits"] == 2, goodput
     assert 0 < goodput["goodput"] < 1 and goodput["losses"]["restarts"]["seconds"] == 0.0
+    # Resumed from the checkpoint at the stop: no step is trained twice (the resumed fit's
+    # ledger starts at the restored step, not at the counter's layout origin).
+    assert goodput["losses"]["steps_trained_twice"]["seconds"] == 0.0, goodput
     assert (goodput["losses"]["validation"]["seconds"] > 0) == settings.validation, goodput

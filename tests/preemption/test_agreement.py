@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from tfdp_utils.preemption._agreement import (
+    CLOSED,
     CoordinationChannel,
     Request,
     barrier,
@@ -79,6 +80,38 @@ class MemoryStore:
         with self.changed:
             self.broken = True
             self.changed.notify_all()
+
+
+class EndlessStore(MemoryStore):
+    """A store whose ``get`` ignores its timeout: it returns when the key is set (or after
+    ``HOLD`` s), so that a watcher that ends did so because a key was written, not by a slice."""
+
+    HOLD = 60.0
+
+    def get(self, key: str, timeout_ms: int) -> str | None:
+        return super().get(key, int(self.HOLD * 1000))
+
+
+class CountingStore(MemoryStore):
+    """Counts the keys written and the reads that returned a value."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[str] = []
+        self.reads: list[str] = []
+        self.count = threading.Lock()
+
+    def set(self, key: str, value: str) -> None:
+        super().set(key, value)
+        with self.count:
+            self.writes.append(key)
+
+    def get(self, key: str, timeout_ms: int) -> str | None:
+        value = super().get(key, timeout_ms)
+        if value is not None:
+            with self.count:
+                self.reads.append(key)
+        return value
 
 
 class MeetingStore(MemoryStore):
@@ -335,6 +368,71 @@ def test_close_stops_the_watcher_thread(open_channels: Callable[..., Any]) -> No
     channel.close()  # twice is harmless
 
 
+def watchers_of(channels: list[CoordinationChannel]) -> list[threading.Thread]:
+    return [channel._watcher for channel in channels]
+
+
+def test_close_wakes_the_watchers_read_instead_of_waiting_for_its_end(
+    open_channels: Callable[..., list[CoordinationChannel]],
+) -> None:
+    # The store's reads last a minute unless their key is written: the watcher can end within
+    # close's join only because close wrote where it waits.
+    (channel,) = open_channels(EndlessStore(), [0], num_workers=2)
+    (watcher,) = watchers_of([channel])
+    channel.close()
+    assert not watcher.is_alive()
+    assert channel.received() == []  # the mark is no request
+
+
+def test_one_closed_channel_wakes_every_watcher_of_the_fit(
+    open_channels: Callable[..., list[CoordinationChannel]],
+) -> None:
+    store = EndlessStore()
+    channels = open_channels(store, range(3), num_workers=3)
+    channels[1].close()
+    for watcher in watchers_of(channels):
+        watcher.join(timeout=10)
+        assert not watcher.is_alive()
+    marks = [Request.decode(value) for key, value in store.values.items() if "/request/" in key]
+    assert marks == [Request(CLOSED, -1, 1, "the fit ended on worker 1")]
+    assert not [key for key in store.values if "/ack/" in key]  # a mark is not acknowledged
+
+
+def test_a_request_already_in_the_closing_slot_is_acknowledged_and_the_watcher_ends(
+    open_channels: Callable[..., list[CoordinationChannel]],
+) -> None:
+    store = EndlessStore()
+    (channel,) = open_channels(store, [0], num_workers=2)
+    request = Request("stop", 5, 1, "SIGTERM")
+
+    def request_first(key: str) -> None:  # worker 1's request lands just before the mark
+        if key.endswith("/request/0") and key not in store.values:
+            with store.changed:
+                store.values[key] = request.encode()
+                store.changed.notify_all()
+
+    store.before_set = request_first  # type: ignore[method-assign]
+    channel.close()
+    assert not channel._watcher.is_alive()
+    assert channel.received() == [request]
+    assert "tfdp/preemption/1/ack/0/0" in store.values
+
+
+def test_a_proposal_after_another_worker_closed_agrees_on_nothing(
+    open_channels: Callable[..., list[CoordinationChannel]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = EndlessStore()
+    first, second = open_channels(store, range(2), num_workers=2, ack_timeout=30.0)
+    first.close()
+    second._watcher.join(timeout=10)
+    with caplog.at_level(logging.WARNING, logger="tfdp_utils"):
+        agreed = second.propose("stop", after_call=8, reason="SIGTERM")
+    assert agreed == Request(CLOSED, -1, 0, "the fit ended on worker 0")
+    assert second.received() == []
+    assert warnings_of(caplog) == []  # no acknowledgement was waited for
+
+
 def test_a_store_that_goes_away_ends_the_watcher_quietly(
     open_channels: Callable[..., Any],
 ) -> None:
@@ -414,3 +512,117 @@ def test_the_barrier_says_it_through_the_tfdp_utils_logger_by_default(
         passed = barrier(MemoryStore(), "fit/saved/3", worker=1, num_workers=2, timeout=0.2)
     assert passed is False
     assert any("worker 0" in message for message in warnings_of(caplog))
+
+
+@pytest.mark.parametrize("num_workers", [2, 4, 8])
+def test_the_barrier_reads_each_mark_once_through_the_chief(num_workers: int) -> None:
+    store = CountingStore()
+    marks = [
+        lambda worker=worker: barrier(
+            store, "fit/saved/7", worker=worker, num_workers=num_workers, timeout=30.0
+        )
+        for worker in range(num_workers)
+    ]
+    assert in_threads(*marks, timeout=60) == [True] * num_workers
+    # The chief reads the N - 1 marks and their N - 1 confirmations, each other worker the
+    # chief's one key.
+    others = range(1, num_workers)
+    expected_reads = [f"fit/saved/7/{w}" for w in others]
+    expected_reads += [f"fit/saved/7/read/{w}" for w in others]
+    expected_reads += ["fit/saved/7/all"] * (num_workers - 1)
+    assert sorted(store.reads) == sorted(expected_reads)
+    assert sorted(store.writes) == sorted(
+        [f"fit/saved/7/{w}" for w in others]
+        + [f"fit/saved/7/read/{w}" for w in others]
+        + ["fit/saved/7/all"]
+    )
+    assert store.values["fit/saved/7/all"] == "[]"
+
+
+def test_the_chief_leaves_only_after_the_others_read_its_verdict() -> None:
+    # The chief's process runs the coordination service: leaving before a slow worker read
+    # the verdict would take the key away from it.
+    store = MemoryStore()
+    events: list[str] = []
+    read_verdict = threading.Event()
+
+    class SlowReader(MemoryStore):
+        def get(self, key: str, timeout_ms: int) -> str | None:
+            value = store.get(key, timeout_ms)
+            if key.endswith("/all") and value is not None:
+                time.sleep(0.3)  # a worker slow to act on the verdict
+                events.append("worker 1 read the verdict")
+                read_verdict.set()
+            return value
+
+        def set(self, key: str, value: str) -> None:
+            store.set(key, value)
+
+    def chief() -> bool:
+        passed = barrier(store, "fit/saved/7", worker=0, num_workers=2, timeout=30.0)
+        events.append("chief left")
+        return passed
+
+    worker = lambda: barrier(  # noqa: E731
+        SlowReader(), "fit/saved/7", worker=1, num_workers=2, timeout=30.0
+    )
+    assert in_threads(chief, worker, timeout=60) == [True, True]
+    assert events == ["worker 1 read the verdict", "chief left"]
+
+
+def test_a_worker_whose_chief_is_gone_names_it_instead_of_raising() -> None:
+    store = MemoryStore()
+    store.go_away()
+    said: list[str] = []
+
+    class Marks(MemoryStore):  # the mark is written; the service is gone for the reads
+        def set(self, key: str, value: str) -> None:
+            pass
+
+        def get(self, key: str, timeout_ms: int) -> str | None:
+            return store.get(key, timeout_ms)
+
+    passed = barrier(Marks(), "fit/saved/7", worker=1, num_workers=2, timeout=30.0, say=said.append)
+    assert passed is False
+    assert said and said[0].startswith("tfdp_utils: worker 0 did not finish its part")
+
+
+def test_the_workers_name_the_chief_when_it_never_confirms() -> None:
+    store = MemoryStore()
+    said: list[tuple[int, str]] = []
+
+    def mark(worker: int) -> Callable[[], bool]:
+        return lambda: barrier(
+            store,
+            "fit/saved/7",
+            worker=worker,
+            num_workers=3,
+            timeout=0.5,
+            say=lambda message: said.append((worker, message)),
+        )
+
+    assert in_threads(mark(1), mark(2)) == [False, False]
+    assert sorted(worker for worker, _ in said) == [1, 2]
+    for _, message in said:
+        assert message.startswith("tfdp_utils: worker 0 did not finish its part")
+
+
+def test_the_chief_names_every_missing_worker_to_every_worker() -> None:
+    store = MemoryStore()
+    said: list[tuple[int, str]] = []
+
+    def mark(worker: int) -> Callable[[], bool]:
+        return lambda: barrier(
+            store,
+            "fit/saved/7",
+            worker=worker,
+            num_workers=5,
+            timeout=0.5,
+            say=lambda message: said.append((worker, message)),
+        )
+
+    assert in_threads(mark(0), mark(2), mark(4)) == [False, False, False]
+    assert json.loads(store.values["fit/saved/7/all"]) == [1, 3]
+    assert sorted(worker for worker, _ in said) == [0, 2, 4]
+    for _, message in said:
+        assert "workers 1, 3 did not finish their part" in message

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tfdp_utils.errors import ResumeMismatchError
+from tfdp_utils.preemption import _arguments as arguments
 from tfdp_utils.preemption import _elastic as elastic
 from tfdp_utils.preemption import _mismatch as mismatch
 from tfdp_utils.preemption._store import Saved
@@ -39,6 +40,19 @@ def facts(workers: int, replicas: int, **changes: Any) -> dict[str, Any]:
     }
 
 
+def file_facts(
+    workers: int, files: list[list[str]], examples: list[int], **changes: Any
+) -> dict[str, Any]:
+    """Facts of 48 lines in three files, each worker reading its own (FILE)."""
+    given: dict[str, Any] = {
+        "source_kind": "files",
+        "policy": "file",
+        "files": files,
+        "examples_per_worker": examples,
+    }
+    return facts(workers, workers, **{**given, **changes})
+
+
 def check(before: dict[str, Any], now: dict[str, Any]) -> None:
     mismatch.check_facts(Saved(PATH, 10, {"dataset": before}), now)
 
@@ -53,6 +67,22 @@ def check(before: dict[str, Any], now: dict[str, Any]) -> None:
         (facts(2, 2, source_kind="dataset"), facts(1, 4, source_kind="dataset")),
         (facts(4, 4), facts(8, 8)),
         (facts(4, 8), facts(2, 2)),
+        (  # files read under DATA sharding (or on one worker): one global order
+            facts(2, 2, source_kind="files", files=[["a", "b"], ["a", "b"]]),
+            facts(1, 1, source_kind="files", policy="data", files=[["b", "a"]]),
+        ),
+        (
+            facts(1, 2, source_kind="files", files=[["a", "b"]]),
+            facts(4, 4, source_kind="files", files=[["a", "b"]] * 4),
+        ),
+        (  # files sharded by file: the rest is laid out anew, the epoch's steps may differ
+            file_facts(2, [["a"], ["b", "c"]], [20, 28], steps_per_epoch=7),
+            file_facts(1, [["a", "b", "c"]], [48], policy="off"),
+        ),
+        (
+            file_facts(1, [["a", "b", "c"]], [48], policy="off"),
+            file_facts(2, [["a"], ["b", "c"]], [20, 28], steps_per_epoch=7),
+        ),
     ],
 )
 def test_the_same_global_batch_resumes_on_another_shape(
@@ -79,17 +109,18 @@ def test_the_same_global_batch_resumes_on_another_shape(
             "its global batch of 8 examples does not divide over this run's 3 replicas",
             "Resume on a number of replicas that divides 8 (1, 2, 4, 8",
         ),
-        (
+        (  # files sharded by file, saved before checkpoints recorded examples per worker
             facts(2, 2, source_kind="files", policy="file", files=[["a"], ["b"]]),
             facts(1, 2, source_kind="files", policy="off", files=[["a", "b"]]),
-            "files sharded by file (FILE) give each worker its own files",
-            "Resume on the saved shape",
+            "its files were sharded by file (FILE) and it does not record how many examples "
+            "each worker held (it was saved by an earlier tfdp-utils)",
+            "Resume on the saved shape until the epoch ends",
         ),
         (
-            facts(1, 2, source_kind="files", files=[["a"]]),
-            facts(1, 1, source_kind="files", files=[["a"]]),
-            "an elastic resume of file sources is not supported yet",
-            "Resume on the saved shape",
+            facts(2, 2, source_kind="files", files=[["a", "b"], ["a", "b"]]),
+            facts(1, 1, source_kind="files", files=[["a", "c"]]),
+            "it was saved reading other files (1 not read here, e.g. ['b']; 1 new, e.g. ['c'])",
+            "Resume with the same files",
         ),
         (
             facts(2, 2, policy="off"),
@@ -105,7 +136,14 @@ def test_the_same_global_batch_resumes_on_another_shape(
             "Resume on the saved shape",
         ),
     ],
-    ids=["global-batch", "not-divisible", "file-sharding", "files", "policy-off", "function"],
+    ids=[
+        "global-batch",
+        "not-divisible",
+        "file-sharding-unrecorded",
+        "other-files",
+        "policy-off",
+        "function",
+    ],
 )
 def test_what_another_shape_cannot_continue_is_refused_by_name(
     before: dict[str, Any], now: dict[str, Any], refused: str, fix: str
@@ -142,3 +180,54 @@ def test_the_change_is_described_in_the_user_s_words() -> None:
         "1 worker x 2 replicas (4 examples per replica)"
     )
     assert elastic.describe_change({}, facts(1, 2)) is None  # nothing recorded: not compared
+
+
+def test_files_sharded_by_file_resume_with_the_rest_laid_out_on_the_new_shape() -> None:
+    before = file_facts(2, [["a"], ["b", "c"]], [20, 28], steps_per_epoch=7)
+    now = file_facts(1, [["a", "b", "c"]], [48], policy="off")
+    assert elastic.redistributes(before, now)
+    rest = elastic.epoch_rest(PATH, {"dataset": before}, now, 1, 2)
+    assert rest is not None
+    assert (rest.epoch, rest.kept, rest.step_examples, rest.remaining) == (1, (20, 28), 4, 32)
+    assert rest.steps == 4  # 32 examples in global batches of 8: steps 2..5 of 6 here
+    # At an epoch's start nothing is left to lay out: the new shape's own epoch begins.
+    assert elastic.epoch_rest(PATH, {"dataset": before}, now, 1, 0) is None
+    # The same shape without a recorded rest: the epoch's own steps go on.
+    assert elastic.epoch_rest(PATH, {"dataset": before}, before, 1, 2) is None
+    # A checkpoint saved during a rest resumes that rest, on any shape.
+    state = {"dataset": now, elastic.REST_KEY: rest.after(1).to_json()}
+    again = elastic.epoch_rest(PATH, state, before, 1, 3)
+    assert again is not None and again.steps == 3 and again.trained == 8
+    assert elastic.epoch_rest(PATH, state, before, 2, 0) is None  # another epoch's record
+
+
+def test_a_rest_longer_than_the_new_shape_s_epoch_is_refused_by_name() -> None:
+    before = file_facts(2, [["a"], ["b", "c"]], [8, 40], steps_per_epoch=10)
+    now = file_facts(1, [["a", "b", "c"]], [48], policy="off", drop_remainder=False)
+    with pytest.raises(ResumeMismatchError) as caught:
+        elastic.epoch_rest(PATH, {"dataset": before}, dict(now, steps_per_epoch=3), 1, 1)
+    message = str(caught.value)
+    assert "the rest of epoch 2 (40 examples of files sharded by file) takes 5 global steps" in (
+        message
+    )
+    assert "an epoch has 3 steps on this shape" in message
+
+
+def test_an_unreadable_record_of_a_rest_is_refused_by_name() -> None:
+    before = file_facts(1, [["a", "b", "c"]], [48], policy="off")
+    state = {"dataset": before, elastic.REST_KEY: {"epoch": 1, "kept": "?"}}
+    with pytest.raises(ResumeMismatchError, match="its record of the rest of epoch 2 does not"):
+        elastic.epoch_rest(PATH, state, before, 1, 3)
+
+
+def test_keras_3_executions_must_divide_the_rest_of_a_file_epoch() -> None:
+    # Not a rest, tf_keras (it cuts executions at the epoch's end), or executions that fit.
+    arguments.check_executions_fit_rest(2, 6, None, whole_executions=True)
+    arguments.check_executions_fit_rest(2, 6, 3, whole_executions=False)
+    arguments.check_executions_fit_rest(2, 6, 2, whole_executions=True)
+    with pytest.raises(ValueError) as caught:
+        arguments.check_executions_fit_rest(2, 6, 3, whole_executions=True)
+    message = str(caught.value)
+    assert "the rest of an epoch of files sharded by file in 3 steps (from step 3 of 6" in message
+    assert "steps_per_execution=2" in message
+    assert "divides both 3 and 6 (e.g. 3)" in message

@@ -11,111 +11,23 @@ optimizer's iterations, the learning-rate schedule and ThroughputLogger's job co
 
 The epoch has whole steps only: Keras averages the loss per replica, so a partial last step
 split 3 + 2 over two replicas weighs its examples differently from 5 on one replica (that is
-Keras' arithmetic on any shape, not the data's; docs/preemption.md says so).
+Keras' arithmetic on any shape, not the data's; docs/preemption.md says so). The job:
+``tests/support/elastic_job.py``.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from support.processes import Process, free_port, start_python, tf_config, wait_all
+from support.elastic_job import EPOCHS, PREEMPTED, STEPS, N, run_job
 
 from tfdp_utils.throughput import _tags as tags
 from tfdp_utils.throughput._report import read_runs
 
 pytestmark = pytest.mark.keras
-
-PREEMPTED = 75
-N, STEPS, EPOCHS = 48, 6, 3
-
-JOB = r"""
-import json, os, signal, sys
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-import numpy as np
-import tensorflow as tf
-
-REPLICAS = int(os.environ["JOB_REPLICAS"])
-cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * REPLICAS)
-tf.config.experimental.enable_op_determinism()
-tf.keras.utils.set_random_seed(1)
-import tfdp_utils as tdu
-from tfdp_utils._tf import keras
-
-out, directory = sys.argv[1], sys.argv[2]
-signal_at = json.loads(os.environ.get("JOB_SIGNAL_AT", "null"))  # [epoch, batch]
-N, EPOCHS = 48, 3
-
-
-def local_counts():  # this worker's replicas' counts: read without a collective
-    return np.sum([v.numpy() for v in strategy.experimental_local_results(seen)], axis=0).tolist()
-
-
-strategy = tdu.auto_strategy(verbose=False, collective_timeout=30)
-x = np.stack([np.arange(N), np.linspace(-1, 1, N), np.cos(np.arange(N))], 1).astype("float32")
-y = (x[:, 1:2] * 3 + 1).astype("float32")
-dist = tdu.build_distributed_dataset(
-    (x, y), strategy=strategy, global_batch_size=8, shuffle_buffer_size=64,
-    seed=json.loads(os.environ.get("JOB_SEED", "5")),
-)
-with strategy.scope():
-    seen = tf.Variable(
-        tf.zeros([N]),
-        trainable=False,
-        synchronization=tf.VariableSynchronization.ON_READ,
-        aggregation=tf.VariableAggregation.SUM,
-    )
-
-
-class Count(keras.layers.Layer):  # counts the ids each replica trains on
-    def call(self, inputs, training=None):
-        if training:
-            ids = tf.cast(inputs[:, 0], tf.int32)
-            seen.assign_add(tf.math.bincount(ids, minlength=N, maxlength=N, dtype=tf.float32))
-        return inputs[:, 1:]
-
-
-with strategy.scope():
-    layers = [keras.Input((3,)), Count(), keras.layers.Dense(4, activation="tanh")]
-    model = keras.Sequential([*layers, keras.layers.Dense(1)])
-    # A learning-rate schedule: a resume that restarted it would end on other weights.
-    schedule = keras.optimizers.schedules.ExponentialDecay(0.01, decay_steps=4, decay_rate=0.8)
-    model.compile(keras.optimizers.Adam(schedule), "mse")
-
-log = {"epochs": {}, "batches": []}
-
-
-class Record(keras.callbacks.Callback):
-    def on_epoch_begin(self, epoch, logs=None):
-        self.epoch = epoch
-        seen.assign(tf.zeros([N]))
-
-    def on_epoch_end(self, epoch, logs=None):
-        log["epochs"][str(epoch)] = local_counts()
-
-    def on_train_batch_end(self, batch, logs=None):
-        log["batches"].append([self.epoch, batch])
-        if signal_at and [self.epoch, batch] == signal_at:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-
-checkpoint = tdu.callbacks.PreemptionCheckpoint(directory)
-logger = tdu.callbacks.ThroughputLogger(os.environ["JOB_TB"], log_every_n_steps=2)
-try:
-    model.fit(dist, epochs=EPOCHS, verbose=0, callbacks=[logger, Record(), checkpoint])
-    log["weights"] = [w.tolist() for w in model.get_weights()]
-finally:
-    log["iterations"] = int(model.optimizer.iterations.numpy())
-    log["partial"] = local_counts()
-    log["resumed_from"] = checkpoint.resumed_from
-    log["shape_change"] = logger.summary().get("shape_change")
-    with open(out, "w") as handle:
-        json.dump(log, handle)
-"""
 
 
 def _run(
@@ -126,29 +38,10 @@ def _run(
     signal_at: list[int] | None = None,
     **extra: str,
 ) -> list[dict[str, Any]]:
-    """The job on ``shape`` (workers, replicas each); the last worker alone gets the notice."""
-    workers, replicas = shape
-    ports = [free_port() for _ in range(workers)]
-    processes: list[Process] = []
-    for index in range(workers):
-        env: dict[str, str | None] = {
-            "JOB_REPLICAS": str(replicas),
-            "TF_CONFIG": tf_config(ports, index) if workers > 1 else None,
-            "JOB_TB": str(tmp / f"tb-{directory.name}"),
-            **extra,
-        }
-        if signal_at is not None and index == workers - 1:
-            env["JOB_SIGNAL_AT"] = json.dumps(signal_at)
-        out = str(tmp / f"{tag}-{index}.json")
-        processes.append(start_python(JOB, env=env, args=(out, str(directory))))
-    outcomes = wait_all(processes, timeout=420, check=False)
-    results = []
-    for index, outcome in enumerate(outcomes):
-        path = tmp / f"{tag}-{index}.json"
-        log: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
-        log["status"], log["stderr"] = outcome.returncode, outcome.stderr
-        results.append(log)
-    return results
+    """The job on ``shape`` (workers, replicas each) on arrays, its ThroughputLogger's folder
+    named after ``directory``; the last worker alone gets the notice."""
+    tb = str(tmp / f"tb-{directory.name}")
+    return run_job(tmp, tag, directory, shape, signal_at, JOB_SOURCE="arrays", JOB_TB=tb, **extra)
 
 
 _REFERENCES: dict[tuple[int, int], list[dict[str, Any]]] = {}
@@ -161,6 +54,7 @@ def _reference(factory: pytest.TempPathFactory, shape: tuple[int, int]) -> list[
         runs = _run(folder, "reference", folder / "job", shape)
         for log in runs:
             assert log["status"] == 0, log["stderr"][-4000:]
+            assert "resuming" not in log["reason"]  # a first run: nothing to resume
         _REFERENCES[shape] = runs
     return _REFERENCES[shape]
 
@@ -206,6 +100,17 @@ def _check_resumed(
         assert log["resumed_from"].endswith(f"ckpt-{stopped[0]['iterations']:012d}")
         assert log["batches"][0] == following  # Keras' step numbers go on
         assert "on another shape" in log["stderr"], log["stderr"][-4000:]
+        # auto_strategy(resume_from=) read the checkpoint before the callback did.
+        (workers, replicas), (now_workers, now_replicas) = (
+            (shape[0], shape[0] * shape[1]) for shape in shapes
+        )
+        head = (
+            f"resuming a {workers}-worker job on {now_workers}"
+            if workers != now_workers
+            else f"resuming a {replicas}-replica job on {now_replicas}"
+        )
+        assert f"; {head} ({workers} worker" in log["reason"], log["reason"]
+        assert log["reason"].endswith(f"ckpt-{stopped[0]['iterations']:012d})")
         if status == 0:  # ThroughputLogger's summary names the step and both shapes
             before, after = (SHAPES[shape] for shape in shapes)
             change = f"at step {stopped[0]['iterations']}: {before} -> {after}"

@@ -4,13 +4,15 @@ In one process (``exit=False``, so that ``fit`` returns after a save): a checkpo
 real SIGTERM during ``fit``, then a second ``fit`` with something changed must raise
 ``ResumeMismatchError`` naming the difference, having trained nothing. A damaged newest
 checkpoint is skipped for the one before, with a WARNING naming it. Another replica count
-with the same global batch is an elastic resume: accepted, and said.
+with the same global batch is an elastic resume: accepted, and said. A stopped run whose
+folder several tests start from is made once per setting and copied into each test's folder.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -75,6 +77,25 @@ def _stopped_job(directory: Path, at: int = 7, **kwargs: Any) -> Any:
     return checkpoint
 
 
+_STOPPED: dict[tuple[int, tuple[tuple[str, Any], ...]], Path] = {}
+
+
+def _stopped_copy(
+    factory: pytest.TempPathFactory, directory: Path, at: int = 7, **kwargs: Any
+) -> None:
+    """The folder of :func:`_stopped_job` for these settings, copied into ``directory``.
+
+    The stopped run is made once per module for each setting (a fit whose saves depend only on
+    the settings) and shared: each test resumes from, or damages, its own copy.
+    """
+    key = (at, tuple(sorted(kwargs.items())))
+    if key not in _STOPPED:
+        folder = factory.mktemp("stopped") / "job"
+        _stopped_job(folder, at, **kwargs)
+        _STOPPED[key] = folder
+    shutil.copytree(_STOPPED[key], directory, dirs_exist_ok=True)
+
+
 def _iterations(model: Any) -> int:
     return int(model.optimizer.iterations.numpy())
 
@@ -99,9 +120,9 @@ def test_a_sigterm_saves_once_even_when_it_comes_twice(tmp_path: Path) -> None:
     ],
 )
 def test_a_checkpoint_of_another_setup_is_refused_before_training(
-    tmp_path: Path, change: dict[str, Any], words: str
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, change: dict[str, Any], words: str
 ) -> None:
-    _stopped_job(tmp_path)
+    _stopped_copy(tmp_path_factory, tmp_path)
     strategy = _strategy()
     model = _model(
         strategy, width=change.get("width", 4), optimizer=change.get("optimizer", "adam")
@@ -143,9 +164,18 @@ def _garbage(path: Path) -> None:
     ids=["both-garbage", "data-truncated", "data-overwritten", "index-truncated"],
 )
 def test_a_damaged_newest_checkpoint_is_skipped_for_the_one_before(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, data_damage: Any, index_damage: Any
+    tmp_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    caplog: pytest.LogCaptureFixture,
+    data_damage: Any,
+    index_damage: Any,
 ) -> None:
-    _stopped_job(tmp_path, at=7, every_steps=3)  # saves after steps 3 and 6, then 7
+    _stopped_copy(tmp_path_factory, tmp_path, at=7, every_steps=3)  # saves after 3, 6 and 7
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "ckpt-000000000003",
+        "ckpt-000000000006",
+        "ckpt-000000000007",
+    ]
     newest = tmp_path / "ckpt-000000000007"
     for data_file in newest.glob("variables.data-*"):
         if data_damage is not None:
@@ -221,9 +251,9 @@ def test_a_dataset_it_cannot_position_is_refused_with_what_to_do(tmp_path: Path)
 
 
 def test_a_checkpoint_of_another_replica_count_resumes_with_the_same_global_batch(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
-    _stopped_job(tmp_path)  # 2 replicas, stopped after step 7
+    _stopped_copy(tmp_path_factory, tmp_path)  # 2 replicas, stopped after step 7
     strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
     model = _model(strategy)
     resumed = _checkpoint(tmp_path)
@@ -235,9 +265,9 @@ def test_a_checkpoint_of_another_replica_count_resumes_with_the_same_global_batc
 
 
 def test_a_checkpoint_of_another_replica_count_and_global_batch_is_refused(
-    tmp_path: Path,
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    _stopped_job(tmp_path)  # 2 replicas, a global batch of 8
+    _stopped_copy(tmp_path_factory, tmp_path)  # 2 replicas, a global batch of 8
     strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
     model = _model(strategy)
     with pytest.raises(
@@ -290,3 +320,50 @@ def test_a_save_still_running_at_the_grace_period_s_end_is_said(
         )
     assert "has not finished" in caplog.text
     assert "SIGKILL will cut it short" in caplog.text
+
+
+def test_periodic_saves_are_left_out_of_the_productive_time_and_itemised(tmp_path: Path) -> None:
+    """The goodput's ``checkpoint_saves``: the periodic saves' seconds while the steps' clock
+    ran, bracketed by the test's own clocks (callbacks listed just before and just after the
+    checkpoint note when its batch hook began and ended), and left out of the productive time;
+    the save after the last step counts after it, not twice."""
+    from tfdp_utils.throughput._events import read_runs
+    from tfdp_utils.throughput._goodput import FitLedger
+    from tfdp_utils.throughput._summary import summarize
+
+    class Seen(keras.callbacks.Callback):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.times: list[float] = []
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            self.times.append(time.perf_counter())
+
+    strategy = _strategy()
+    before, after = Seen(), Seen()
+    checkpoint = _checkpoint(tmp_path / "checkpoints", every_steps=2)
+    logger = tdu.callbacks.ThroughputLogger(tmp_path / "logs", log_every_n_steps=4)
+    _model(strategy).fit(
+        _data(strategy), epochs=2, verbose=0, callbacks=[logger, before, checkpoint, after]
+    )
+    assert len(before.times) == len(after.times) == 10
+    spans = [end - begin for begin, end in zip(before.times, after.times, strict=True)]
+    assert len(checkpoint.fit_save_spans()) == 5  # after global steps 2, 4, 6, 8 and 10
+    # Steps 2, 4, 6 and 8 end while the clock runs (the logger, listed first, restarted it at
+    # step 6's end); the save after step 10, the last, falls in the time after the last step.
+    between = sum(spans[1:9:2])
+    ledger = FitLedger.from_json(read_runs(str(tmp_path / "logs"))["global"].ledgers[0] or "")
+    assert ledger is not None
+    # Inside the hook's spans at those steps, and most of them (the rest is bookkeeping).
+    assert 0.5 * between <= ledger.checkpoint_save_seconds <= between
+    assert spans[9] <= ledger.after_last_step_seconds
+    job = summarize(read_runs(str(tmp_path / "logs")))["goodput"]
+    saves = job["losses"]["checkpoint_saves"]
+    assert saves["seconds"] == pytest.approx(ledger.checkpoint_save_seconds)
+    assert saves["kind"] == "measured"
+    # Not productive: the steps' clock holds the saves, the productive time does not.
+    waited = ledger.input_wait_seconds or 0.0
+    assert ledger.step_seconds - waited - ledger.checkpoint_save_seconds > 0
+    assert job["productive_seconds"] == pytest.approx(
+        ledger.step_seconds - waited - ledger.checkpoint_save_seconds
+    )

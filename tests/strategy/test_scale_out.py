@@ -162,7 +162,15 @@ def _assert_same_training(results: list[tuple[int, str, str]], steps: int) -> li
     return data
 
 
-def test_slurm_srun_tasks_train_in_step():
+EPOCHS, STEPS = 3, 4  # the uninterrupted 2-worker job
+
+
+@pytest.fixture(scope="module")
+def srun_job() -> list[Outcome]:
+    """The uninterrupted 2-worker job, its tasks started as srun starts them (SLURM variables),
+    run once: the SLURM test checks how its tasks found each other and trained, and the
+    preemption test compares its resumed job with it (how the workers found each other does not
+    enter the weights: the same MultiWorkerMirroredStrategy over 2 workers either way)."""
     base = _two_free_ports()
     common = {
         "SLURM_STEP_NUM_TASKS": "2",
@@ -171,14 +179,18 @@ def test_slurm_srun_tasks_train_in_step():
         "SLURM_STEP_TASKS_PER_NODE": "2",
         "SLURM_JOB_ID": "4242",
         "TFDP_SLURM_PORT_BASE": str(base),
-        "EPOCHS": "2",
-        "STEPS": "4",
+        "EPOCHS": str(EPOCHS),
+        "STEPS": str(STEPS),
     }
     processes = [
         start_python(TRAIN, env={**common, "SLURM_PROCID": str(i), "SLURM_LOCALID": str(i)})
         for i in range(2)
     ]
-    data = _assert_same_training(wait_all(processes, timeout=150), steps=8)
+    return wait_all(processes, timeout=150)
+
+
+def test_slurm_srun_tasks_train_in_step(srun_job: list[Outcome]) -> None:
+    data = _assert_same_training(srun_job, steps=EPOCHS * STEPS)
     # srun's tasks see the same loss sequence: each logged loss is the global one.
     assert data[0]["losses"] == data[1]["losses"]
 
@@ -239,13 +251,11 @@ def test_hung_worker_ends_the_survivor_with_the_collective_timeout_error():
     assert bound - 1.5 <= waited < bound + 5
 
 
-def test_backup_and_restore_resumes_a_preempted_job_to_the_same_weights(tmp_path):
-    epochs, steps = 3, 4
-    reference = wait_all(
-        [start_python(TRAIN, env=env) for env in _workers(2, EPOCHS=str(epochs), STEPS=str(steps))],
-        timeout=150,
-    )
-    expected = _assert_same_training(reference, steps=epochs * steps)[0]
+def test_backup_and_restore_resumes_a_preempted_job_to_the_same_weights(
+    tmp_path, srun_job: list[Outcome]
+):
+    epochs, steps = EPOCHS, STEPS
+    expected = _assert_same_training(srun_job, steps=epochs * steps)[0]  # uninterrupted
 
     backup = str(tmp_path / "backup")
     # The whole job is preempted in epoch 2: both tasks killed from outside after step 6, as

@@ -41,13 +41,14 @@ def test_default_bound_and_its_overrides():
     assert resolve_collective_timeout(DEFAULT_COLLECTIVE_TIMEOUT, env) == 45.0
     # An explicit argument wins over the variable.
     assert resolve_collective_timeout(30, env) == 30.0
-    for off in ("0", "off", "none"):
+    for off in ("0", "off", "none", "inf"):
         assert (
             resolve_collective_timeout(DEFAULT_COLLECTIVE_TIMEOUT, {"TFDP_COLLECTIVE_TIMEOUT": off})
             is None
         )
     assert resolve_collective_timeout(None, {}) is None
     assert resolve_collective_timeout(0, {}) is None
+    assert resolve_collective_timeout(float("inf"), {}) is None  # not a timer of inf seconds
 
 
 def test_bad_bounds_are_explained():

@@ -9,6 +9,8 @@ and the input clock are fakes with the input clock's ``progress()`` shape.
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing.pool
+import os
 import re
 import sys
 import threading
@@ -23,7 +25,14 @@ from tfdp_utils._dataset_info import DatasetInfo, DatasetRecord
 from tfdp_utils.strategy._faults import CollectiveWatchdog
 from tfdp_utils.strategy._phase_board import GaveUp, PeerNews, PhaseBoard
 from tfdp_utils.strategy._phase_tracker import PhaseTracker, fit_facts
-from tfdp_utils.strategy._stuck import Phase, StepFacts, diagnose, frame_phase, resolve
+from tfdp_utils.strategy._stuck import (
+    Phase,
+    StepFacts,
+    calls_into,
+    diagnose,
+    frame_phase,
+    resolve,
+)
 
 pytestmark = pytest.mark.pure
 
@@ -177,7 +186,30 @@ def test_frames_tell_a_tensorflow_call_from_python(parked):
     frame = _innermost_user_frame(parked(quick_execute), "quick_execute")
     assert frame_phase(frame, in_tf).kind == "step"
     seen = frame_phase(parked(helper), in_tf)
-    assert seen.kind == "python" and seen.where.startswith("Condition.wait in threading.py")
+    # Parked in Python's own library: the first caller outside it says what waits.
+    assert seen.kind == "python"
+    assert seen.where.startswith("Condition.wait in threading.py, from ")
+    assert seen.where.endswith(", from helper in test_stuck.py")
+
+
+def test_a_wait_in_pythons_library_is_a_call_of_its_first_caller_outside_it(parked):
+    """The watchdog's default test of "inside a TensorFlow call", with this file's folder as
+    the package: TensorFlow's eager cross-worker reduce runs on a thread pool while the
+    training thread waits in ``pool.map`` (threading and multiprocessing are Python's)."""
+    here = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    inside, elsewhere = calls_into(here), calls_into(os.path.join(here, "elsewhere") + os.sep)
+    frame = parked(helper)  # helper -> Event.wait -> Condition.wait
+    assert frame.f_code.co_filename == threading.__file__
+    assert inside(frame) and not elsewhere(frame)
+
+    def reduce_on_a_pool(release: threading.Event) -> None:
+        with multiprocessing.pool.ThreadPool(1) as pool:
+            pool.map(lambda _: release.wait(), [0])
+
+    frame = parked(reduce_on_a_pool)
+    assert inside(frame) and not elsewhere(frame)
+    assert frame_phase(frame, inside).kind == "step"
+    assert frame_phase(frame, elsewhere).kind == "python"
 
 
 EVEN = DatasetInfo(global_batch_size=4, per_replica_batch_size=2, num_replicas_in_sync=2)

@@ -35,8 +35,8 @@ def _losses(report: Goodput) -> dict[str, float]:
 def test_one_run_its_startup_validation_input_and_tail() -> None:
     # Process up at 0; fit begins at 12 (imports, strategy, model); the first epoch's start
     # (trace + first step) 8 s; 3 more epoch starts of 1 s; 100 s of steps of which 10 waited
-    # for input; 6 s of validation; 2 s after the last step; 4 s in other callbacks' hooks: fit
-    # ends at 135.
+    # for input and 3 went to periodic checkpoint saves between steps; 6 s of validation; 2 s
+    # after the last step; 4 s in other callbacks' hooks: fit ends at 135.
     fit = FitLedger(
         fit_begin=12.0,
         fit_end=135.0,
@@ -48,17 +48,19 @@ def test_one_run_its_startup_validation_input_and_tail() -> None:
         validation_seconds=6.0,
         input_wait_seconds=10.0,
         after_last_step_seconds=2.0,
+        checkpoint_save_seconds=3.0,
     )
     report = job_goodput([fit])
     assert report.wall_seconds == 135.0 and report.fits == 1
-    assert report.productive_seconds == 90.0  # 100 s of steps less 10 s waiting
-    assert report.goodput == pytest.approx(90 / 135)
+    assert report.productive_seconds == 87.0  # 100 s of steps less 10 s waiting, 3 s saving
+    assert report.goodput == pytest.approx(87 / 135)
     assert _losses(report) == {
         "startup": 20.0,  # 12 before fit + 8 for the first trace and step
         "restarts": 0.0,
         "epoch_starts": 3.0,
         "validation": 6.0,
         "input_wait": 10.0,
+        "checkpoint_saves": 3.0,
         "steps_trained_twice": 0.0,
         "after_last_step": 2.0,
         "other": 4.0,  # the rest: the hooks

@@ -134,3 +134,38 @@ def test_it_counts_exactly_the_spans_in_which_no_pause_is_held(
         elif action == "resume":
             clock.resume(reason)
         assert clock.now() - start == running, (at, action, reason)
+
+
+@pytest.mark.parametrize(
+    ("span", "running"),
+    [
+        pytest.param((500.0, 505.0), 5.0, id="before-any-pause"),
+        pytest.param((508.0, 512.0), 2.0, id="across-a-pause-start"),
+        pytest.param((511.0, 514.0), 0.0, id="inside-a-pause"),
+        pytest.param((513.0, 517.0), 2.0, id="across-a-pause-end"),
+        pytest.param((509.0, 522.0), 5.0, id="across-two-pauses"),
+        pytest.param((523.0, 530.0), 2.0, id="into-the-open-pause"),
+    ],
+)
+def test_running_within_leaves_out_the_paused_parts(
+    hand: HandClock, span: tuple[float, float], running: float
+) -> None:
+    # Timeline: runs 500-510, paused 510-515 (epoch start), runs 515-518, paused 518-521
+    # (validation, with an epoch start held inside it), runs 521-525, paused from 525 on.
+    clock = PausableClock(hand)
+    for at, action, reason in [
+        (510.0, "pause", "epoch_start"),
+        (515.0, "resume", "epoch_start"),
+        (518.0, "pause", "validation"),
+        (519.0, "pause", "epoch_start"),
+        (520.0, "resume", "epoch_start"),
+        (521.0, "resume", "validation"),
+        (525.0, "pause", "epoch_start"),
+    ]:
+        hand.now = at
+        getattr(clock, action)(reason)
+    hand.now = 530.0
+    assert clock.running_within([span]) == pytest.approx(running)
+    # Several spans at once: each counted alone, and the sum of their parts.
+    spans = [(500.0, 505.0), (508.0, 512.0), (513.0, 517.0)]
+    assert clock.running_within(spans) == pytest.approx(5.0 + 2.0 + 2.0)

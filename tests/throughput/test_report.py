@@ -16,12 +16,20 @@ from tfdp_utils.throughput._plot import legend_label
 from tfdp_utils.throughput._tags import GLOBAL_RUN, replica_run, worker_run
 
 
-def write_run(log_dir: Path, run: str, series: dict[str, list[tuple[int, float]]]) -> None:
+def write_run(
+    log_dir: Path,
+    run: str,
+    series: dict[str, list[tuple[int, float]]],
+    texts: dict[str, list[tuple[int, str]]] | None = None,
+) -> None:
     writer = tf.summary.create_file_writer(str(log_dir / run))
     with writer.as_default():
         for tag, points in series.items():
             for step, value in points:
                 tf.summary.scalar(tag, value, step=step)
+        for tag, notes in (texts or {}).items():
+            for step, text in notes:
+                tf.summary.text(tag, text, step=step)
     writer.close()
 
 
@@ -87,6 +95,54 @@ def test_json_and_plot(log_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixt
     assert data["plot"] == str(png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert png.stat().st_size > 5000
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    header = path.read_bytes()[:24]  # the signature, then the IHDR chunk: width, height
+    assert header[:8] == b"\x89PNG\r\n\x1a\n" and header[12:16] == b"IHDR"
+    return int.from_bytes(header[16:20], "big"), int.from_bytes(header[20:24], "big")
+
+
+def test_the_plot_draws_the_jobs_goodput_where_a_fit_wrote_its_ledger(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tfdp_utils.throughput._goodput import FitLedger
+    from tfdp_utils.throughput._plot import goodput_segments
+
+    ledger = FitLedger(
+        fit_begin=10.0,
+        fit_end=110.0,
+        process_start=0.0,
+        first_step=0,
+        last_step=3010,
+        step_seconds=80.0,
+        epoch_start_seconds=(5.0,),
+        validation_seconds=4.0,
+        input_wait_seconds=8.0,
+        checkpoint_save_seconds=2.0,
+    )
+    rates = {tags.EXAMPLES_PER_SEC: [(s, 1000.0) for s in range(110, 3110, 100)]}
+    write_run(tmp_path / "plain", GLOBAL_RUN, rates)
+    without = tmp_path / "without.png"
+    assert report.main([str(tmp_path / "plain"), "--plot", str(without)]) == 0
+    ledgers = {tags.GOODPUT_LEDGER: [(3010, ledger.to_json())]}
+    write_run(tmp_path / "job", GLOBAL_RUN, rates, ledgers)
+    capsys.readouterr()
+    png = tmp_path / "with.png"
+    assert report.main([str(tmp_path / "job"), "--json", "--plot", str(png)]) == 0
+    goodput = json.loads(capsys.readouterr().out)["goodput"]
+    assert goodput["goodput"] == pytest.approx(70 / 110)  # 80 s of steps less 8 + 2
+    # A panel of its own: the same figure, taller by the goodput bar.
+    (width, height), (width_before, height_before) = _png_size(png), _png_size(without)
+    assert width == width_before and height > height_before
+    assert [label for label, _ in goodput_segments(goodput)] == [
+        "productive 70.0 s (64%)",
+        "startup 15.0 s (14%)",  # 10 s before fit + the first epoch's 5 s
+        "validation 4.0 s (4%)",
+        "input_wait 8.0 s (7%)",
+        "checkpoint_saves 2.0 s (2%)",
+        "other 11.0 s (10%)",
+    ]
 
 
 def test_the_cli_mounts_report(log_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -37,6 +37,7 @@ def test_the_schema_is_pinned() -> None:
             "goodput/loss_seconds/epoch_starts",
             "goodput/loss_seconds/validation",
             "goodput/loss_seconds/input_wait",
+            "goodput/loss_seconds/checkpoint_saves",
             "goodput/loss_seconds/steps_trained_twice",
             "goodput/loss_seconds/after_last_step",
             "goodput/loss_seconds/other",

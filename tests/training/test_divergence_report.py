@@ -10,6 +10,7 @@ import pytest
 from tfdp_utils.training._divergence_report import (
     Disagreement,
     Divergence,
+    ReplicaExamples,
     compare_checksums,
     step_place,
     worker_of,
@@ -87,3 +88,41 @@ def test_the_disagreement_names_replicas_workers_and_variables() -> None:
     ).describe()
     assert "replicas [1] (workers [1]) differ from replica 0's" in text
     assert "'d/kernel': sum differs by 0.5, norm by 0" in text
+
+
+def divergence(**fields: object) -> Divergence:
+    base: dict[str, object] = dict(
+        epoch=0,
+        batch=3,
+        step=4,
+        replicas=(1,),
+        workers=(0,),
+        loss_replicas=(1,),
+        variable=None,
+        policy="stop",
+    )
+    base.update(fields)
+    return Divergence(**base)  # type: ignore[arg-type]
+
+
+def test_the_examples_of_the_step_are_said_with_the_non_finite_ones() -> None:
+    found = divergence(examples=(ReplicaExamples(1, (28, 29, 30, 31), (29,)),))
+    assert found.non_finite_examples == (29,)
+    assert (
+        "Replica 1 received source examples [28, 29, 30, 31]; non-finite values in examples [29]."
+        in found.describe()
+    )
+
+
+def test_a_long_batch_is_cut_short_and_counted() -> None:
+    found = divergence(examples=(ReplicaExamples(1, tuple(range(40)), ()),))
+    text = found.describe()
+    assert "[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, ... (40 in all)]" in text
+    assert "none of them holds a non-finite value" in text
+    assert found.non_finite_examples == ()
+
+
+def test_examples_not_named_say_why() -> None:
+    found = divergence(examples_unknown="the source's size is unknown")
+    assert "Its examples are not named: the source's size is unknown." in found.describe()
+    assert "examples" not in divergence().describe()

@@ -9,15 +9,23 @@ into a :class:`~tfdp_utils.training._divergence_report.Divergence` or
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
+from tfdp_utils import _tf
 from tfdp_utils._public import public
 from tfdp_utils._tf import keras, tf
 from tfdp_utils._validate import positive_int
+from tfdp_utils.callbacks._divergence_crossings import refuse_crossings
+from tfdp_utils.callbacks._divergence_data import StepExamples, save_files, step_examples
+from tfdp_utils.callbacks._event_writer import RunWriters
 from tfdp_utils.cluster import _topology as topology
+from tfdp_utils.compat._fit_binding import callback_list
+from tfdp_utils.throughput._tags import GLOBAL_RUN
 from tfdp_utils.training._divergence_report import (
     Disagreement,
     Divergence,
@@ -30,6 +38,16 @@ from tfdp_utils.training._guarded_update import POLICIES, GuardedUpdate, GuardRe
 _Callback: Any = keras.callbacks.Callback
 logger = logging.getLogger("tfdp_utils")
 
+SKIPPED_TAG = "divergence/skipped_steps"
+_SKIPPED_DESCRIPTION = (
+    "Steps of this fit whose update DivergenceGuard did not apply (a non-finite loss or "
+    "gradient), counted from the fit's first step; the step axis counts the fit's batches."
+)
+REPORT_TAG = "divergence/report"
+_REPORT_DESCRIPTION = (
+    "What DivergenceGuard found: the first non-finite step, or replicas that disagree."
+)
+
 
 @public("tfdp_utils.callbacks")
 class DivergenceGuard(_Callback):  # type: ignore[misc]
@@ -39,10 +57,11 @@ class DivergenceGuard(_Callback):  # type: ignore[misc]
     all-reduce makes every replica of every worker agree, and the update is applied on all
     replicas or on none, so the weights never turn NaN. The hooks read what the step saw
     every ``check_every_n_steps`` batches and at each epoch's end (no host sync per step:
-    on Keras 3 its batch hook is async-safe on one worker).
+    it reads every ``check_every_n_steps`` batches, and is async safe on Keras 3).
 
     - ``policy="stop"`` (the default): from the first non-finite step on, no update is applied;
-      at the next read ``fit`` stops (``model.stop_training``) and a WARNING names the epoch,
+      at the next read ``fit`` stops (``model.stop_training``, after the batch that read
+      began, which applies no update either) and a WARNING names the epoch,
       batch and step, the replicas and workers, whether their loss was non-finite, and the
       variable whose gradient went non-finite first in backpropagation order.
     - ``policy="skip"``: the non-finite step's update is skipped on every replica and training
@@ -59,9 +78,10 @@ class DivergenceGuard(_Callback):  # type: ignore[misc]
     With a ``LossScaleOptimizer`` a non-finite gradient of a finite loss is the loss scale's
     own business (it skips the update and lowers the scale): only a non-finite loss counts.
 
-    Over several workers the batch hook runs on the training thread (the agreement check is
-    a collective every worker must take at the same step), so Keras 3 then syncs its logs
-    each step, as it does for ``ThroughputLogger``.
+    The reads run in the batch-begin hook, on the training thread: over several workers every
+    worker reads, compares (a collective) and stops at the same batch. The guard has no
+    batch-end hook, so it never keeps Keras 3 from dispatching those off the training thread
+    (``async_safe``; Keras 3.15's TensorFlow backend itself never does).
 
     Args:
         policy: ``"stop"`` or ``"skip"``. Defaults to `"stop"`.
@@ -71,6 +91,16 @@ class DivergenceGuard(_Callback):  # type: ignore[misc]
         check_every_n_steps: batches between reads of the step's flags (a stop comes at most
             this many batches after the step; no update is applied meanwhile).
             Defaults to `100`.
+        log_dir: where the chief writes, into the TensorBoard run ``global`` (the run
+            ``ThroughputLogger`` writes with the same ``log_dir``), the scalar
+            ``divergence/skipped_steps`` (the fit's skipped steps so far, at each read where
+            it changed and at the fit's end; the step axis counts the fit's batches) and
+            the text ``divergence/report`` (what was found). Defaults to `None` (none).
+        directory: where to save the first non-finite step of the first named replica of
+            this worker: its weights before the step (kept inside the step in replica-local
+            copies, one more copy of the weights per replica) and, where the examples are
+            named, its batch, in ``directory/step-<n>`` (``summary()["saved_to"]``), for
+            :func:`tfdp_utils.replay_step`. Defaults to `None` (nothing saved).
 
     Raises:
         ValueError: an unknown ``policy`` or a count below its minimum; at train begin, a
@@ -91,6 +121,8 @@ class DivergenceGuard(_Callback):  # type: ignore[misc]
         max_skipped_steps: int = 10,
         check_replicas_every: int = 1000,
         check_every_n_steps: int = 100,
+        log_dir: str | None = None,
+        directory: str | os.PathLike[str] | None = None,
     ) -> None:
         super().__init__()
         if policy not in POLICIES:
@@ -111,13 +143,23 @@ class DivergenceGuard(_Callback):  # type: ignore[misc]
         self._last: GuardReading | None = None
         self._stopped = False
         self._lock = threading.RLock()
+        self._fit_arguments: dict[str, Any] | None = None  # the running fit's, for its x
+        self._dataset: Any = None  # a custom loop's, given to watch()
+        self.log_dir = log_dir
+        self._events: RunWriters | None = None
+        self._logged: tuple[int, int] = (-1, -1)  # (step, skipped) written last
+        self.checkpoint: str | None = None
+        self.directory = None if directory is None else os.fspath(directory)
+        self.saved_to: str | None = None
+        self._step_examples = StepExamples()
+        _tf.accept_tensor_logs(self)  # tf_keras: no copy of the logs to the host per batch
 
-    @property
-    def async_safe(self) -> bool:
-        """Whether Keras 3 may call the batch hooks off the training thread (one worker)."""
-        model = getattr(self, "model", None)
-        strategy = getattr(model, "distribute_strategy", None) if model is not None else None
-        return not topology.is_multi_worker(strategy)
+    # Keras 3 dispatches the batch-end hooks of a fit on a thread pool (no host sync per step)
+    # only when its backend is thread safe and every callback's hooks are async safe. The
+    # guard has none: it reads in its batch-begin hook, which Keras 3 always calls on the
+    # training thread, so every worker reads, compares (a collective over several workers)
+    # and stops at the same batch.
+    async_safe = True
 
     # ------------------------------------------------------------------ hooks
 
@@ -130,10 +172,51 @@ class DivergenceGuard(_Callback):  # type: ignore[misc]
         self.divergence = self.disagreement = None
         self._epoch_starts, self._calls, self._compared_at = {0: 0}, 0, -1
         self._last, self._stopped = None, False
+        self.checkpoint = self.saved_to = None
+        self._step_examples = StepExamples()
+        self._close_events()
+        if self.log_dir is not None and topology.position_of(guard.strategy).is_chief:
+            self._events = RunWriters(self.log_dir, owner="DivergenceGuard")
+            self._events.open([GLOBAL_RUN])
+            self._logged = (-1, -1)
+            self._log_skipped(0, 0)
+
+    def _log_skipped(self, step: int, skipped: int, *, last: bool = False) -> None:
+        if self._events is None or (step, skipped) == self._logged:
+            return
+        if skipped != self._logged[1] or last:
+            self._events.scalar(GLOBAL_RUN, SKIPPED_TAG, skipped, step, _SKIPPED_DESCRIPTION)
+            self._events.flush()
+            self._logged = (step, skipped)
+
+    def _log_report(self, text: str, step: int) -> None:
+        if self._events is not None:
+            self._events.text(GLOBAL_RUN, REPORT_TAG, text, step, _REPORT_DESCRIPTION)
+            self._events.flush()
+
+    def _close_events(self) -> None:
+        if self._events is not None:
+            self._events.close()
+            self._events = None
 
     # ------------------------------------------------------------------ custom loops
 
-    def watch(self, model: Any, *, optimizer: Any = None) -> None:
+    @contextlib.contextmanager
+    def _fit_call(self, arguments: dict[str, Any]) -> Iterator[None]:
+        self._fit_arguments = arguments
+        try:
+            yield
+        finally:
+            self._fit_arguments = None
+
+    def prepare_fit(
+        self, model: Any, arguments: dict[str, Any]
+    ) -> contextlib.AbstractContextManager[Any]:
+        """Keep the ``fit`` call's arguments while it runs: its ``x`` (after the wrappers have
+        swapped in the stream it trains on) names the examples of a non-finite step."""
+        return self._fit_call(arguments)
+
+    def watch(self, model: Any, *, optimizer: Any = None, dataset: Any = None) -> None:
         """Guard a custom training loop's updates of ``model`` (no ``fit``).
 
         Call it before the loop's step is first called (the step must be traced with the
@@ -145,11 +228,15 @@ class DivergenceGuard(_Callback):  # type: ignore[misc]
         Args:
             model: the model the loop trains (built under its strategy's scope).
             optimizer: the optimizer the loop applies. Defaults to `None`: ``model.optimizer``.
+            dataset: the distributed dataset the loop iterates from its start, one step per
+                batch; for one from ``build_distributed_dataset`` over a sized source, the
+                report names the examples of the non-finite step. Defaults to `None`.
 
         Raises:
             ValueError: no optimizer, or one another guard watches with other arguments.
         """
         self.set_model(model)
+        self._dataset = dataset
         self._start(self._attach(model, optimizer or getattr(model, "optimizer", None), fit=False))
 
     def check(self) -> bool:
@@ -166,12 +253,12 @@ class DivergenceGuard(_Callback):  # type: ignore[misc]
         if self._guard is not None:
             self._epoch_starts[epoch] = self._guard.steps_seen()
 
-    def on_train_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
-        # Off the training thread on Keras 3 (one worker): the lock keeps reads in order.
+    def on_train_batch_begin(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
+        # On the training thread (both Kerases): reads after the first batch and every
+        # check_every_n_steps batches see the same steps on every worker.
         with self._lock:
-            self._calls += 1
-            due = self._calls == 1 or self._calls % self.check_every_n_steps == 0
-        if due:
+            done, self._calls = self._calls, self._calls + 1
+        if done == 1 or (done > 0 and done % self.check_every_n_steps == 0):
             self._check()
 
     def on_epoch_end(self, epoch: int, logs: Mapping[str, Any] | None = None) -> None:
@@ -181,6 +268,10 @@ class DivergenceGuard(_Callback):  # type: ignore[misc]
         self._check()
         if self._guard is not None:
             self._guard.release()
+        with self._lock:
+            if self._last is not None:
+                self._log_skipped(self._last.steps, self._last.skipped, last=True)
+            self._close_events()
 
     # ------------------------------------------------------------------ reading
 
@@ -191,18 +282,22 @@ class DivergenceGuard(_Callback):  # type: ignore[misc]
                 "optimizer's update); call model.compile(optimizer=...) before fit, or pass "
                 "optimizer= to watch()."
             )
+        refuse_crossings(model, fit=fit)
         guard = getattr(optimizer, "_tfdp_guard", None)
         if guard is not None:
-            if (guard.policy, guard.max_skipped_steps, guard.check_replicas_every) != (
+            snapshot = bool(guard.before)
+            if (guard.policy, guard.max_skipped_steps, guard.check_replicas_every, snapshot) != (
                 self.policy,
                 self.max_skipped_steps,
                 self.check_replicas_every,
+                self.directory is not None,
             ):
                 raise ValueError(
                     "this model's optimizer is already watched by a DivergenceGuard with "
                     f"policy={guard.policy!r}, max_skipped_steps={guard.max_skipped_steps}, "
-                    f"check_replicas_every={guard.check_replicas_every}; pass the same "
-                    "guard (or one with the same arguments) to every fit of this model."
+                    f"check_replicas_every={guard.check_replicas_every}, "
+                    f"directory {'set' if snapshot else 'None'}; pass the same guard (or one "
+                    "with the same arguments) to every fit of this model."
                 )
             return guard  # type: ignore[no-any-return]
         strategy = getattr(model, "distribute_strategy", None) or tf.distribute.get_strategy()
@@ -213,6 +308,7 @@ class DivergenceGuard(_Callback):  # type: ignore[misc]
             policy=self.policy,
             max_skipped_steps=self.max_skipped_steps,
             check_replicas_every=self.check_replicas_every,
+            snapshot=self.directory is not None,
         )
         guard.install(applied_by="DivergenceGuard()")
         if fit:
@@ -227,8 +323,9 @@ class DivergenceGuard(_Callback):  # type: ignore[misc]
         guard = self._guard
         if guard is None or self._stopped:
             return
-        reading = guard.read()
+        reading = guard.read(checksums_after=self._compared_at)
         self._last = reading
+        self._log_skipped(reading.steps, reading.skipped)
         if reading.checked_at > self._compared_at:
             self._compared_at = reading.checked_at
             self._compare(guard, reading)
@@ -238,12 +335,41 @@ class DivergenceGuard(_Callback):  # type: ignore[misc]
             if self.policy == "skip" and not reading.halted:
                 level = logging.INFO
             logger.log(level, "tfdp_utils: DivergenceGuard: %s", self.divergence.describe())
+            self._log_report(self.divergence.describe(), self.divergence.step)
+            if self.directory is not None:
+                self.saved_to = save_files(
+                    self.directory, guard, self.divergence, self._step_examples
+                )
+            if self.policy == "stop":
+                self._save_last_good(reading.first_step)
         if reading.halted:
+            first = "" if self.divergence is None else f"; the first: {self.divergence.describe()}"
             self._stop(
-                f"more than max_skipped_steps={self.max_skipped_steps} steps were skipped"
+                f"more than max_skipped_steps={self.max_skipped_steps} steps were skipped "
+                f"({reading.skipped} skipped{first})"
                 if self.policy == "skip"
                 else "a non-finite step (see the warning above)"
             )
+
+    def _save_last_good(self, steps: int) -> None:
+        """Under "stop", have the fit's ``PreemptionCheckpoint`` save the weights at the last
+        good step (no update was applied since), where it can."""
+        arguments = self._fit_arguments
+        found = callback_list(None if arguments is None else arguments.get("callbacks"))
+        for callback in found:
+            save = getattr(callback, "save_last_good", None)
+            if callable(save):
+                path = save(steps, reason=f"DivergenceGuard: non-finite step {steps + 1}")
+                if path:
+                    self.checkpoint = path
+                    logger.warning(
+                        "tfdp_utils: DivergenceGuard: the weights of the last good step "
+                        "(step %d of this fit) are saved to %s; running the job again resumes "
+                        "there, at the non-finite step's batch.",
+                        steps,
+                        path,
+                    )
+                return
 
     def _stop(self, why: str) -> None:
         self._stopped = True
@@ -258,6 +384,9 @@ class DivergenceGuard(_Callback):  # type: ignore[misc]
         local = self._local_replicas(guard)
         first = reading.bad_replicas[0] if reading.bad_replicas else None
         index = reading.variables.get(first, -1) if first is not None else -1
+        self._step_examples = step_examples(
+            self._training_data(), guard, reading.first_step, reading.bad_replicas
+        )
         return Divergence(
             epoch=epoch,
             batch=batch,
@@ -267,7 +396,13 @@ class DivergenceGuard(_Callback):  # type: ignore[misc]
             loss_replicas=reading.loss_replicas,
             variable=guard.names[index] if index >= 0 else None,
             policy=self.policy,
+            examples=self._step_examples.examples,
+            examples_unknown=self._step_examples.unknown,
         )
+
+    def _training_data(self) -> Any:
+        arguments = self._fit_arguments
+        return self._dataset if arguments is None else arguments.get("x")
 
     def _compare(self, guard: GuardedUpdate, reading: GuardReading) -> None:
         local = self._local_replicas(guard)
@@ -286,6 +421,7 @@ class DivergenceGuard(_Callback):  # type: ignore[misc]
             differences=differences,
         )
         logger.warning("tfdp_utils: DivergenceGuard: %s", self.disagreement.describe())
+        self._log_report(self.disagreement.describe(), self.disagreement.step)
         self._stop("the replicas' weights disagree (see the warning above)")
 
     def summary(self) -> dict[str, Any]:
@@ -295,8 +431,10 @@ class DivergenceGuard(_Callback):  # type: ignore[misc]
         because a loss or gradient was non-finite), ``divergence`` (the first non-finite
         step, a :class:`~tfdp_utils.training._divergence_report.Divergence`, or None),
         ``disagreement`` (replicas whose weights differed, or None), ``checked_at_step`` (the
-        step of the last weight comparison, 1-based; 0 when none) and ``stopped`` (whether
-        the guard stopped ``fit``).
+        step of the last weight comparison, 1-based; 0 when none), ``stopped`` (whether
+        the guard stopped ``fit``) and ``checkpoint`` (the folder the fit's
+        ``PreemptionCheckpoint`` saved the last good step to under "stop", or None) and
+        ``saved_to`` (the step's folder with ``directory=``, or None).
         """
         reading = self._last
         return {
@@ -307,6 +445,8 @@ class DivergenceGuard(_Callback):  # type: ignore[misc]
             "disagreement": self.disagreement,
             "checked_at_step": self._compared_at + 1,
             "stopped": self._stopped,
+            "checkpoint": self.checkpoint,
+            "saved_to": self.saved_to,
         }
 
 

@@ -9,6 +9,8 @@ the only device read here is the memory of the replicas' devices, at each window
 
 from __future__ import annotations
 
+from typing import Any
+
 from tfdp_utils._tf import tf
 from tfdp_utils.callbacks._event_writer import RunWriters
 from tfdp_utils.callbacks._fit_state import FitState
@@ -29,6 +31,8 @@ class FitEvents:
         self.writers = RunWriters(log_dir)
         self.per_replica = True
         self.runs: list[str] = []
+        # Each (run, tag, fields)'s filled-in description: a log point formats none.
+        self._descriptions: dict[tuple[Any, ...], str] = {}
 
     def open(self, position: topology.WorkerPosition, *, per_replica: bool) -> None:
         """Open this worker's runs for a new fit (``replica_<k>`` runs with ``per_replica``).
@@ -69,7 +73,11 @@ class FitEvents:
 
     def put(self, run: str, tag: str, value: float, step: int, **fields: str) -> None:
         """Write one scalar of the schema, with the description the schema gives it."""
-        self.writers.scalar(run, tag, value, step, tags.describe(run, tag, **fields))
+        key = (run, tag, *fields.items())
+        description = self._descriptions.get(key)
+        if description is None:
+            description = self._descriptions[key] = tags.describe(run, tag, **fields)
+        self.writers.scalar(run, tag, value, step, description)
 
     def epoch_start(self, fit: FitState, seconds: float) -> None:
         """The seconds an epoch's start took (left out of the rates), on the chief."""
@@ -78,6 +86,10 @@ class FitEvents:
 
     def counts(self, fit: FitState, step: int) -> None:
         """The cumulative examples at ``step``: the job's on the chief, each local replica's."""
+        with self.writers.batch():
+            self._counts(fit, step)
+
+    def _counts(self, fit: FitState, step: int) -> None:
         counter = fit.counter
         fit.written_step = step
         counted = tags.count_origin(
@@ -110,10 +122,21 @@ class FitEvents:
         workers: list[tuple[float, float]] | None,
         share: float,
     ) -> None:
-        """A measured window: its counts, rates, input-wait shares, worker spread, memory."""
+        """A measured window: its counts, rates, input-wait shares, worker spread, memory
+        (one event per run)."""
+        with self.writers.batch():
+            self._window(fit, window, workers, share)
+
+    def _window(
+        self,
+        fit: FitState,
+        window: ThroughputWindow,
+        workers: list[tuple[float, float]] | None,
+        share: float,
+    ) -> None:
         position = fit.placement.position
         timing = tags.window_timing(fit.log_every_n_steps)
-        self.counts(fit, window.step)
+        self._counts(fit, window.step)
         if workers:
             waits = {w: wait for w, (_, wait) in enumerate(workers)}
             fit.last_worker_wait = waits

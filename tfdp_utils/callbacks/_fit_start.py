@@ -148,6 +148,7 @@ def new_fit(
     )
     counter.info, counter.source = counting.info, counting.source
     if position is not None:
+        counter.layout_offset = position.step_offset
         counter.continue_job()  # a resumed job: its counts go on from the runs before
     planned = _planned_steps(params)
     every, warmup = window_plan(
@@ -173,7 +174,7 @@ def new_fit(
         derived_reason=counting.derived_reason,
     )
     fit.steps_from_host = steps_from_host
-    fit.host_step = origin
+    fit.host_step = fit.first_step = origin
     fit.batch_zero = origin - (position.step if position is not None else 0)
     if position is not None and position.shape_change is not None:
         fit.shape_change = f"at step {origin}: {position.shape_change}"
@@ -190,8 +191,9 @@ def _origin(model: Any, position: StreamPosition | None, steps: Any) -> tuple[bo
     origin = accumulation.batches_trained(model)
     if steps_from_host and position is not None and steps:
         # The optimizer's count leaves out the steps the loss scale skipped; the step
-        # axis is Keras' batch positions, which the resumed stream's position gives.
-        origin = position.epoch * int(steps) + position.step
+        # axis is Keras' batch positions, which the resumed stream's position gives (with the
+        # steps before its epoch numbering, where a rest of files changed the epoch's steps).
+        origin = position.step_offset + position.epoch * int(steps) + position.step
     return steps_from_host, origin
 
 
@@ -235,4 +237,4 @@ def _start_input_wait(fit: FitState, data: FitData | None) -> None:
         fit.input_wait_note = f"unknown: {input_wait.UNTIMED_UNDER_DETERMINISM}"
         logger.info("tfdp_utils: ThroughputLogger's input-wait share: %s", fit.input_wait_note)
         return
-    fit.input_wait = InputWaitMeter(lambda: clock.progress().waited_seconds)
+    fit.input_wait = InputWaitMeter(clock.waited_seconds)

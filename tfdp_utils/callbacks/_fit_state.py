@@ -164,6 +164,9 @@ class FitState:
     # Keras' own batch indices (host_step), read where the device's count would be.
     steps_from_host: bool = False
     host_step: int = 0
+    # The step this fit started at (a resumed job's restored step; the counter's origin is
+    # the dataset layout's, 0 for a resumed stream of epochs).
+    first_step: int = 0
     # For the fit's ledger (goodput): when it began (wall clock), the clock's reading at train
     # begin, and the seconds of validation (evaluate inside fit).
     wall_begin: float = 0.0  # fit called (through tfdp-utils' fit binding), else train begin

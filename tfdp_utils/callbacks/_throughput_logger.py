@@ -16,19 +16,20 @@ and the summary :mod:`tfdp_utils.callbacks._fit_summary`'s.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from tfdp_utils import _tf
 from tfdp_utils._tf import keras, tf
 from tfdp_utils._validate import boolean, positive_int
 from tfdp_utils.callbacks._fit_events import FitEvents
-from tfdp_utils.callbacks._fit_goodput import write_goodput
+from tfdp_utils.callbacks._fit_goodput import SaveTimer, save_timers, write_goodput
 from tfdp_utils.callbacks._fit_start import (
     count_facts,
     new_fit,
@@ -204,6 +205,7 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         self._fit: FitState | None = None  # set from train begin to train end
         self._fit_data: FitData | None = None  # set by fit_binding for one fit
         self._fit_called: float | None = None  # when that fit was called (time.time())
+        self._save_timers: tuple[SaveTimer, ...] = ()  # set by prepare_fit for one fit
         fit_binding.install(applied_by="ThroughputLogger()")  # off under TFDP_NO_KERAS_PATCHES
 
     # Keras 3 dispatches batch-end hooks on a thread pool when every callback is async safe.
@@ -329,8 +331,10 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
         fit = self._fit
         if fit is None:
             return
-        estimate = fit.batch_zero + min(batch + 1, fit.steps_in_epoch)
-        fit.host_step = estimate
+        done = batch + 1  # (no min(): a call per step)
+        if done > fit.steps_in_epoch:
+            done = fit.steps_in_epoch
+        estimate = fit.host_step = fit.batch_zero + done
         if estimate < fit.next_check:
             return
         with self._lock:
@@ -400,7 +404,12 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
                 self._events.input_wait_note(fit, final)
             self._summary = build_summary(fit, final, log_dir=self.log_dir)
             self._summary["goodput"] = write_goodput(
-                fit, final, self._events, self.log_dir, epoch_start=_EPOCH_START
+                fit,
+                final,
+                self._events,
+                self.log_dir,
+                epoch_start=_EPOCH_START,
+                timers=self._save_timers,
             )
             self._events.close()
 
@@ -430,6 +439,18 @@ class ThroughputLogger(_Callback):  # type: ignore[misc]
             # optimizer's count; Keras' batch index counts it (its hooks run after the step).
             return fit.host_step
         return read
+
+    @contextlib.contextmanager
+    def prepare_fit(self, model: Any, arguments: dict[str, Any]) -> Iterator[None]:
+        """Note the callbacks of the ``fit`` call this logger is one of that time their
+        checkpoint saves (``PreemptionCheckpoint``): the job's goodput leaves their saves out
+        of the productive time. Called by the ``Model.fit`` wrapper; kept for that call only.
+        """
+        self._save_timers = save_timers(arguments.get("callbacks"))
+        try:
+            yield
+        finally:
+            self._save_timers = ()
 
     def bind_fit_data(self, x: Any) -> None:
         """Receive the data of the ``fit`` call this logger is a callback of (None after it).

@@ -80,7 +80,9 @@ class StopFit(BaseException):
 
 @runtime_checkable
 class FitCallAdapter(Protocol):
-    """A callback that positions the ``fit`` call it belongs to (``PreemptionCheckpoint``)."""
+    """A callback that prepares for the ``fit`` call it belongs to: ``PreemptionCheckpoint``
+    positions it; ``ThroughputLogger`` notes which of its callbacks time their saves;
+    ``DivergenceGuard`` keeps its arguments while it runs (it reads the ``x`` it trains on)."""
 
     def prepare_fit(
         self, model: Any, arguments: dict[str, Any]
@@ -97,7 +99,8 @@ class FitDataConsumer(Protocol):
         """Called with ``fit``'s ``x`` before training starts, and with None after it ends."""
 
 
-def _callback_list(callbacks: Any) -> list[Any]:
+def callback_list(callbacks: Any) -> list[Any]:
+    """The callbacks of a ``fit`` call's ``callbacks=`` (a list, a ``CallbackList`` or one)."""
     if callbacks is None:
         return []
     inner = getattr(callbacks, "callbacks", None)  # a keras CallbackList
@@ -109,11 +112,11 @@ def _callback_list(callbacks: Any) -> list[Any]:
 
 
 def _consumers(callbacks: Any) -> list[FitDataConsumer]:
-    return [c for c in _callback_list(callbacks) if isinstance(c, FitDataConsumer)]
+    return [c for c in callback_list(callbacks) if isinstance(c, FitDataConsumer)]
 
 
 def _adapters(callbacks: Any) -> list[FitCallAdapter]:
-    return [c for c in _callback_list(callbacks) if isinstance(c, FitCallAdapter)]
+    return [c for c in callback_list(callbacks) if isinstance(c, FitCallAdapter)]
 
 
 def _covering_steps(info: DatasetInfo) -> int | None:
@@ -245,9 +248,9 @@ def _wrap(method: str, original: Callable[..., Any]) -> Callable[..., Any]:
             consumers = _consumers(arguments.get("callbacks")) if method == "fit" else []
             for consumer in consumers:
                 consumer.bind_fit_data(arguments.get("x"))
-            if method == "fit":
-                # After the callbacks have the dataset passed: they count with its info.
-                one_iterator.swap_for_stream(model, arguments)
+            # After the callbacks have the dataset passed: they count with its info.
+            if method == "fit" and not one_iterator.swap_for_stream(model, arguments):
+                stack.enter_context(one_iterator.learning_steps(model, arguments))
             stack.enter_context(one_iterator.quiet_end_of_data(method, arguments))
             try:
                 return original(*bound.args, **bound.kwargs)
@@ -271,7 +274,7 @@ def _finish_loggers(callbacks: Any, batches: int | None = None) -> None:
     :attr:`StopFit.batches`), and Keras' TensorBoard callback has its writers closed, which
     flushes them.
     """
-    for callback in _callback_list(callbacks):
+    for callback in callback_list(callbacks):
         stopped = getattr(callback, "on_fit_stopped", None)
         if callable(stopped):
             stopped(batches=batches)

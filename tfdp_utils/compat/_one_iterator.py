@@ -23,10 +23,13 @@ be aligned (a sized source of dense elements, no tf.data service), without the u
 ``steps_per_epoch``, and with ``steps_per_execution`` dividing the epoch's steps. Everything
 else, ``validation_data`` included, reaches Keras as given.
 
-A builder dataset of unknown size has no epoch steps to give: Keras reads it to its end every
-epoch (a new iterator each), as before. Keras 3 then warns "Your input ran out of data" at
-every end although that end is the epoch's, as Keras documents for data without a step count;
-the wrappers filter that one warning out for such calls (:func:`quiet_end_of_data`).
+A builder dataset of unknown size has no epoch steps to give before training: ``fit`` learns
+them in its first epoch, which Keras reads to its end, and reads the later epochs through one
+iterator (:mod:`._learned_steps`, where that applies: ``steps_per_execution=1``, dense
+elements, no ``drop_remainder``). Where it does not, Keras reads every epoch to its end (a
+new iterator each), as before. Keras 3 warns "Your input ran out of data" at every such end
+although that end is the epoch's, as Keras documents for data without a step count; the
+wrappers filter that one warning out for such calls (:func:`quiet_end_of_data`).
 
 On Keras 3 one more change keeps ``fit`` at one iterator: before training, Keras'
 ``TensorFlowTrainer._maybe_symbolic_build`` takes one batch from an iterator it throws away
@@ -51,6 +54,7 @@ from typing import Any
 
 from tfdp_utils._dataset_info import DatasetInfo, carry, info_of, position_of_stream, record_of
 from tfdp_utils._tf import IS_KERAS3
+from tfdp_utils.compat import _learned_steps as learned_steps
 from tfdp_utils.compat._registry import (
     REGISTRY,
     RuntimeChange,
@@ -68,7 +72,11 @@ CHANGE = RuntimeChange(
     "without steps_per_epoch, trains on the same data as one stream of whole epochs with "
     "steps_per_epoch set to the epoch's steps (in the fit-binding wrapper); on Keras 3 "
     "TensorFlowTrainer._maybe_symbolic_build builds the model from that stream's element "
-    "spec instead of a batch of a throw-away iterator, and Keras 3's 'Your input ran out of "
+    "spec instead of a batch of a throw-away iterator; over a builder dataset of unknown size "
+    "fit learns the epoch's steps in its first epoch and reads the later ones as one stream "
+    "of epochs padded to those steps through one iterator (Keras 3: the fit's "
+    "TFEpochIterator gets its own _enumerate_iterator; tf_keras: DataHandler.enumerate_epochs "
+    "of the tf_keras-datasets change); and Keras 3's 'Your input ran out of "
     "data' warning is filtered out during fit/evaluate/predict on a builder dataset of "
     "unknown size without a step count (its epochs end with the data, as documented)",
     why="destroying a tf.distribute iterator can stall 0.3-0.9 s, and Keras destroys one at "
@@ -209,6 +217,21 @@ def swap_for_stream(model: Any, arguments: dict[str, Any]) -> bool:
     return True
 
 
+def learning_steps(model: Any, arguments: dict[str, Any]) -> Any:
+    """A context in which a ``fit`` over a builder dataset of unknown size learns its epoch's
+    steps in the first epoch and reads the later ones through one iterator
+    (:mod:`._learned_steps`), where that applies; a no-op context for every other call."""
+    if not installed():
+        return contextlib.nullcontext()
+    learned = learned_steps.learning_for(
+        arguments,
+        epochs=_as_int(arguments.get("epochs"), 1),
+        initial_epoch=_as_int(arguments.get("initial_epoch"), 0),
+        steps_per_execution=_steps_per_execution(model),
+    )
+    return contextlib.nullcontext() if learned is None else learned_steps.learning_in(learned)
+
+
 _END_OF_DATA = "Your input ran out of data"  # Keras 3's EpochIterator._interrupted_warning
 _DATA_AND_STEPS = {
     "fit": (("x", "steps_per_epoch"), ("validation_data", "validation_steps")),
@@ -255,7 +278,7 @@ def spec_batch(epoch_iterator: Any) -> Any:
     """One replica's element spec of the stream Keras 3's ``epoch_iterator`` reads, or None
     when it reads anything else."""
     dataset: Any = getattr(epoch_iterator, "_distributed_dataset", None)
-    if _replaced(dataset) is None:
+    if _replaced(dataset) is None and not learned_steps.is_target(dataset):
         return None
     from tfdp_utils._tf import tf
 
@@ -270,6 +293,10 @@ def _build_from_spec(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def _maybe_symbolic_build(self: Any, iterator: Any = None, data_batch: Any = None) -> Any:
         if iterator is not None and data_batch is None:
+            dataset = getattr(iterator, "_distributed_dataset", None)
+            learned = learned_steps.claim(dataset)
+            if learned is not None:
+                learned_steps.drive_keras3(iterator, learned)
             spec = spec_batch(iterator)
             if spec is not None:
                 # The shapes of a batch, without an iterator made and thrown away for it.

@@ -39,6 +39,7 @@ from typing import Any
 
 from tfdp_utils._dataset_info import info_of
 from tfdp_utils._tf import IS_KERAS3, KERAS_VERSION
+from tfdp_utils.compat import _learned_steps as learned_steps
 from tfdp_utils.compat._registry import REGISTRY, RuntimeChange, replace_method
 from tfdp_utils.compat._switch import logger
 
@@ -170,6 +171,14 @@ def _handler_replacements(handler: Any) -> dict[str, Any]:
 
     def _enumerate_epochs(self: Any) -> Any:
         epochs = enumerate_epochs(self)
+        learned = None
+        if self._epochs - self._initial_epoch >= 2 and _reads_to_end(self):
+            learned = learned_steps.claim(getattr(self._adapter, "_dataset", None))
+        if learned is not None:
+            # One iterator from the second epoch on, with the steps of the first.
+            epochs.close()
+            yield from learned_steps.drive_tf_keras(self, learned)
+            return
         reads_to_end = _reads_to_end(self)
         try:
             for epoch, iterator in epochs:

@@ -103,6 +103,8 @@ def attach(
     resumable: Callable[[], Any] | None = None,
     rebuild_on_one_device: Callable[[], Any] | None = None,
     position: StreamPosition | None = None,
+    example_index: Callable[[], Any] | None = None,
+    learnable: Callable[[], Any] | None = None,
 ) -> Any:
     """``dist`` carrying its record (``dist.tfdp``) and its epoch's step count.
 
@@ -114,6 +116,10 @@ def attach(
             one. Defaults to `None`.
         rebuild_on_one_device: builds it again for one device. Defaults to `None`.
         position: where it starts, for a resumed stream. Defaults to `None`.
+        example_index: builds what names the source indices of a step's examples (see
+            :class:`~tfdp_utils._dataset_info.DatasetRecord`). Defaults to `None`.
+        learnable: builds its :class:`~tfdp_utils.data._learned_epochs.Learnable` (a dataset
+            of unknown size). Defaults to `None`.
     """
     clock = None
     if input_wait.can_time(type(dist)):  # a tf.distribute dataset (not a plain tf.data one)
@@ -125,6 +131,8 @@ def attach(
         resumable=resumable,
         rebuild_on_one_device=rebuild_on_one_device,
         position=position,
+        example_index=example_index,
+        learnable=learnable,
     )
     carry(dist, record)
     # fit/evaluate/predict check the dataset and hand it to callbacks; on tf_keras they also

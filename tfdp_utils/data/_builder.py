@@ -32,8 +32,10 @@ from tfdp_utils.data._attach import attach
 from tfdp_utils.data._call_plan import CallPlan, check_elements, log_findings, plan_call, step_shape
 from tfdp_utils.data._epochs import dataset_info_for, plan_epochs
 from tfdp_utils.data._examine import ExaminedSource, examine_source
+from tfdp_utils.data._learned_epochs import Learnable, learnable
 from tfdp_utils.data._pipeline import Recipe, global_dataset, per_worker_dataset
 from tfdp_utils.data._positioned import Resumable, resumable
+from tfdp_utils.data._replay import example_index
 from tfdp_utils.data._sharding import (
     ShardingPlan,
     check_policy,
@@ -299,10 +301,15 @@ def build_call(call: BuilderCall) -> Any:
             "each step is counted as a full global batch, and an epoch's last steps can be "
             "partial or extra",
         )
-    positioned = None
+    positioned = indexed = streamed = None
     if call.service is None:
         # Asked for by PreemptionCheckpoint only: planning aligned epochs can read an element.
         positioned = functools.partial(_resumable, call, planned, info)
+        # Asked for by DivergenceGuard only, after a non-finite step.
+        indexed = functools.partial(_example_index, call, planned, info)
+        if info.steps_per_epoch is None and not info.repeat:
+            # Asked for by fit (one iterator from the second epoch on, compat fit-one-iterator).
+            streamed = functools.partial(_learnable, call, planned, info)
     one_device = on_one_device(call, info, self_batching=False)
     return attach(
         dist,
@@ -310,6 +317,8 @@ def build_call(call: BuilderCall) -> Any:
         planned.plan,
         resumable=positioned,
         rebuild_on_one_device=functools.partial(build_call, one_device),
+        example_index=indexed,
+        learnable=streamed,
     )
 
 
@@ -362,6 +371,25 @@ def _distribute(call: BuilderCall, planned: CallPlan) -> Any:
     return call.strategy.distribute_datasets_from_function(
         lambda context: per_worker_dataset(recipe, readable, context), options=call.input_options
     )
+
+
+def _example_index(call: BuilderCall, planned: CallPlan, info: DatasetInfo) -> Any:
+    """What names the source indices of a step's examples, or why none can be named."""
+    return example_index(
+        _recipe(call, planned),
+        planned.source.readable,
+        source_kind=planned.plan.source_kind,
+        num_examples=planned.source.facts.num_examples,
+        worker_index=planned.worker_index,
+        steps_per_epoch=info.steps_per_epoch,
+    )
+
+
+def _learnable(call: BuilderCall, planned: CallPlan, info: DatasetInfo) -> Learnable | None:
+    """How to stream the epochs of a dataset of unknown size padded to learned steps, or None
+    where they cannot be (see :func:`~tfdp_utils.data._learned_epochs.learnable`)."""
+    recipe = _recipe(call, planned)
+    return learnable(call.strategy, recipe, planned.source.readable, call.input_options, info)
 
 
 def _resumable(call: BuilderCall, planned: CallPlan, info: DatasetInfo) -> Resumable | None:

@@ -16,6 +16,8 @@ from tfdp_utils.data._input_figures import (
     cpu_share,
     factor_of,
     format_rate,
+    input_bound,
+    per_sec,
 )
 
 CPU_SATURATED_SHARE = 0.8
@@ -35,7 +37,8 @@ class Advice:
     Attributes:
         kind: a stable key: ``"parallel_reads"``, ``"more_files"``, ``"parallel_map"``,
             ``"python"``, ``"cache"``, ``"service"``, ``"threading"``, ``"overlap"``,
-            ``"distribution"`` or ``"compute"`` (the input is not the limit).
+            ``"distribution"`` (several replicas only), ``"compute"`` (the input is not the
+            limit) or ``"budget"`` (no batch came within ``max_seconds``).
         message: the advice in words, with the call to make.
     """
 
@@ -97,6 +100,14 @@ def _cache(stage: Stage, figures: Figures, where: str) -> str:
     )
 
 
+def service_applies(figures: Figures) -> bool:
+    """Whether the tf.data service can help: not already in use, no Python stage (a
+    ``py_function``, ``numpy_function`` or ``from_generator`` cannot run on its workers), and
+    not first-epoch figures (later epochs read the ``cache()`` being filled)."""
+    python = any(stage.python or stage.kind == "generator" for stage in figures.stages)
+    return not (figures.service or figures.first_epoch or python)
+
+
 def _map_service(stage: Stage, figures: Figures, where: str) -> str:
     return _service_advice(figures.builder, "to run the map on other machines").message
 
@@ -126,13 +137,13 @@ _STAGE_RULES = (
     _StageRule("python", lambda s, f, i: s.kind == "generator", _generator),
     _StageRule("parallel_map", lambda s, f, i: s.kind == "map" and s.serial, _parallel_map),
     _StageRule("cache", lambda s, f, i: s.kind == "map" and i not in f.cached_after, _cache),
-    _StageRule("service", lambda s, f, i: s.kind == "map" and not f.service, _map_service),
+    _StageRule("service", lambda s, f, i: s.kind == "map" and service_applies(f), _map_service),
 )
 """The advice for the slow stage, in the order it is given."""
 
 
-def _stage_advice(stage: Stage, figures: Figures, index: int) -> list[Advice]:
-    where = f"the slow stage is {stage.describe()}"
+def _stage_advice(stage: Stage, figures: Figures, index: int, where: str = "") -> list[Advice]:
+    where = where or f"the slow stage is {stage.describe()}"
     return [
         Advice(rule.kind, rule.message(stage, figures, where))
         for rule in _STAGE_RULES
@@ -159,7 +170,7 @@ def _cpu_advice(figures: Figures, advice: list[Advice]) -> list[Advice]:
     busy = f"{share:.0%} of {figures.cores} core(s)"
     if share >= CPU_SATURATED_SHARE:
         more: list[Advice] = []
-        if "service" not in kinds and not figures.service:
+        if "service" not in kinds and service_applies(figures):
             more.append(
                 _service_advice(
                     figures.builder,
@@ -193,56 +204,94 @@ def _cpu_advice(figures: Figures, advice: list[Advice]) -> list[Advice]:
 
 
 def _overlap_advice(figures: Figures) -> list[Advice]:
-    slower = min(figures.input.examples_per_sec, figures.model.examples_per_sec)
-    together = figures.together.examples_per_sec
-    if together >= OVERLAP_SHARE * slower:
+    rates = [r for r in (per_sec(figures.input), per_sec(figures.cached)) if r is not None]
+    together = per_sec(figures.together)
+    if together is None or not rates or together >= OVERLAP_SHARE * min(rates):
         return []
+    slower = min(rates)
     share = cpu_share(figures.together, figures.cores)
+    off = (
+        "move preprocessing off this machine (the tf.data service) or cache its result"
+        if service_applies(figures)
+        else "cache the result of the expensive stages"
+    )
     reason = (
         "add .prefetch(tf.data.AUTOTUNE) at the end of the pipeline so batches are made "
         "while the step runs"
         if not figures.prefetches
         else "the pipeline and the step compete for the same cores"
         + (f" (the process kept {share:.0%} of {figures.cores} busy)" if share is not None else "")
-        + ": move preprocessing off this machine (the tf.data service) or cache its result"
+        + f": {off}"
     )
     return [
         Advice(
             "overlap",
-            f"Together they train {format_rate(together)} examples/s, below the slower of the two "
-            f"alone ({format_rate(slower)}): {reason}.",
+            f"Together they train {format_rate(together)} examples/s, below the slower of the "
+            f"pipeline alone and training on cached batches ({format_rate(slower)}): {reason}.",
         )
     ]
+
+
+def _input_bound_advice(figures: Figures) -> list[Advice]:
+    """The slow stage's advice, or the distributed iterator's (several replicas only)."""
+    input_rate = per_sec(figures.input) or 0.0
+    slow = bottleneck(figures.stages, input_rate, figures.replicas)
+    if slow is not None and slow == len(figures.stages):
+        return [
+            Advice(
+                "distribution",
+                "Every tf.data stage alone is faster than the distributed iterator delivers "
+                f"({format_rate(input_rate)} examples/s): the time goes into splitting batches "
+                f"over the {figures.replicas} replicas and copying them to the devices; larger "
+                "per-replica batches amortise it.",
+            )
+        ]
+    if slow is not None:
+        return _stage_advice(figures.stages[slow], figures, slow)
+    likely = next(
+        (
+            i
+            for i, stage in enumerate(figures.stages)
+            if stage.kind == "generator"
+            or (stage.kind in ("read", "map") and (stage.serial or stage.python))
+        ),
+        None,
+    )
+    if likely is None:  # no stage timed, none that is slow by its kind
+        return []
+    stage = figures.stages[likely]
+    where = f"the stages were not timed; {stage.describe()} is slow by its kind"
+    return _stage_advice(stage, figures, likely, where)
 
 
 def advise(figures: Figures) -> tuple[Advice, ...]:
     """The advice for ``figures``, most useful first, one per kind. Pure."""
     factor = factor_of(figures)
     advice: list[Advice] = []
-    if factor <= INPUT_BOUND_FACTOR:
+    if factor is None:
+        advice.append(
+            Advice(
+                "budget",
+                "No batch came from the pipeline within the time budget, so nothing could be "
+                "compared: pass a larger max_seconds (more than a few batches' time), or time "
+                "the pipeline alone (tdu.diagnose_input finds its slow stage once it delivers).",
+            )
+        )
+        advice.extend(_input_bound_advice(figures))
+    elif not input_bound(figures):
         advice.append(
             Advice(
                 "compute",
-                f"The input is not what limits training: it delivers {1 / factor:.1f}x what "
-                "the model consumes. A faster pipeline will not speed training up; the model "
-                "step is the place to look (per-replica batch size, mixed precision, XLA with "
-                "jit_compile=True, more replicas).",
+                f"The input is not what limits training: fed from the pipeline it trains at "
+                f"{min(1.0, 1 / factor):.0%} of the speed on the same batches held in memory"
+                f"{'' if factor <= INPUT_BOUND_FACTOR else ', within the spread of its windows'}. "
+                "A faster pipeline will not speed training up; the model step is the place to "
+                "look (per-replica batch size, mixed precision, XLA with jit_compile=True, more "
+                "replicas).",
             )
         )
     else:
-        slow = bottleneck(figures.stages, figures.input.examples_per_sec)
-        if slow is not None and slow == len(figures.stages):
-            advice.append(
-                Advice(
-                    "distribution",
-                    "Every tf.data stage alone is faster than the distributed iterator delivers "
-                    f"({format_rate(figures.input.examples_per_sec)} examples/s): the time goes "
-                    "into splitting batches over the replicas and copying them to the devices; "
-                    "larger per-replica batches amortise it.",
-                )
-            )
-        elif slow is not None:
-            advice.extend(_stage_advice(figures.stages[slow], figures, slow))
+        advice.extend(_input_bound_advice(figures))
         advice.extend(_cpu_advice(figures, advice))
     advice.extend(_overlap_advice(figures))
     unique: dict[str, Advice] = {}

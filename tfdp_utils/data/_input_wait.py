@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from tfdp_utils import _dataset_info as dataset_info
+from tfdp_utils import _tf
 from tfdp_utils._tf import tf
 
 T = TypeVar("T")
@@ -100,6 +101,11 @@ class InputClock:
                 self._waited.assign_add(tf.timestamp() - start, read_value=False)
             self._received.assign_add(1, read_value=False)
         return value
+
+    def waited_seconds(self) -> float:
+        """Seconds waited so far (a host read of one variable; safe from any thread)."""
+        with tf.init_scope():
+            return float(_tf.read_variable(self._waited))
 
     def progress(self) -> InputProgress:
         """The counts so far (a host read of three variables; safe from any thread)."""

@@ -16,7 +16,7 @@ from typing import Any
 
 from tfdp_utils._tf import tf
 from tfdp_utils.data._epochs import EpochPlan, StepShape, splits_last_step
-from tfdp_utils.data._sharding import ShardingPlan, parallel_reads
+from tfdp_utils.data._sharding import MAX_PARALLEL_FILES, ShardingPlan, parallel_reads
 from tfdp_utils.data._sources import dense_only, is_dataset
 
 _SEED_STRIDE = 7919  # a prime: each worker's shuffle seed is seed + stride * worker index
@@ -82,6 +82,14 @@ def worker_seed(seed: int | None, index: int) -> int | None:
     return None if seed is None else seed + _SEED_STRIDE * index
 
 
+def worker_seed_tensor(seed: int | None, index: Any) -> Any:
+    """:func:`worker_seed` as an int64 tensor (0 for None), for a worker index that may be a
+    tensor (one pipeline traced for several workers' streams)."""
+    if seed is None:
+        return tf.constant(0, tf.int64)
+    return tf.constant(seed, tf.int64) + _SEED_STRIDE * tf.cast(index, tf.int64)
+
+
 @contextlib.contextmanager
 def own_graph_seed() -> Iterator[None]:
     """Shuffles given a tensor seed inside it ignore the global seed (in a traced function).
@@ -108,33 +116,53 @@ def own_graph_seed() -> Iterator[None]:
 # ------------------------------------------------------------------------------- stages
 
 
-def read_files(recipe: Recipe, index: int, *, seed: Any = None, in_order: bool = False) -> Any:
+def read_files(recipe: Recipe, index: Any, *, seed: Any = None, in_order: bool = False) -> Any:
     """Worker ``index``'s files, read in parallel, their order shuffled where allowed.
 
     Args:
+        index: the worker; a tensor too (then ``seed`` is required): one traced pipeline
+            reads any worker's files, in the order a Python index gives them.
         seed: the file shuffle's seed; None: the worker's own (:func:`worker_seed`).
         in_order: the same file order and element order in every pass (no reshuffle per
             iteration, a deterministic interleave), as a resumed epoch needs.
     """
-    files = recipe.plan.files_per_worker[index]
-    file_ds = tf.data.Dataset.from_tensor_slices(tf.constant(list(files) or [""])).take(len(files))
-    if recipe.shuffle_buffer_size is not None and not recipe.keeps_order and len(files) > 1:
+    if tf.is_tensor(index):
+        file_ds, count = _files_of(recipe.plan.files_per_worker, index)
+        reads = tf.clip_by_value(count, 1, MAX_PARALLEL_FILES)
+        several = True  # shuffling one file changes nothing
+    else:
+        files = recipe.plan.files_per_worker[index]
+        listed = tf.constant(list(files) or [""])
+        file_ds = tf.data.Dataset.from_tensor_slices(listed).take(len(files))
+        count, reads, several = len(files), parallel_reads(len(files)), len(files) > 1
+    if recipe.shuffle_buffer_size is not None and not recipe.keeps_order and several:
         with own_graph_seed():
             file_ds = file_ds.shuffle(
-                len(files),
+                count,
                 seed=worker_seed(recipe.seed, index) if seed is None else seed,
                 reshuffle_each_iteration=not in_order,
             )
     # Reads wait on storage latency (cloud storage, network file systems), not on a core:
     # one read in flight per file (up to the cap), where AUTOTUNE would stop at the core
     # count. The private thread pool is raised to match (see reader_threads).
-    reads = parallel_reads(len(files))
     return file_ds.interleave(
         recipe.reader,
         cycle_length=reads,
         num_parallel_calls=reads,
         deterministic=recipe.keeps_order or in_order,
     )
+
+
+def _files_of(files_per_worker: Any, index: Any) -> tuple[Any, Any]:
+    """The files of worker ``index`` (a tensor) as a dataset, and how many (a tensor)."""
+    flat = [path for files in files_per_worker for path in files]
+    bounds = [0]
+    for files in files_per_worker:
+        bounds.append(bounds[-1] + len(files))
+    edges = tf.constant(bounds, tf.int64)
+    first, end = edges[index], edges[index + 1]
+    listed = tf.constant(flat or [""])[first:end]
+    return tf.data.Dataset.from_tensor_slices(listed), end - first
 
 
 def reader_threads(plan: ShardingPlan, cores: int | None = None) -> int | None:

@@ -24,24 +24,28 @@ seeds derived from the element.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 from tfdp_utils._dataset_info import DatasetInfo, StreamPosition
-from tfdp_utils._tf import tf
+from tfdp_utils._tf import tf, traced_as_written
+from tfdp_utils.cluster._topology import position_of
+from tfdp_utils.data._epoch_examples import epoch_examples
+from tfdp_utils.data._epoch_rest import EpochRest
 from tfdp_utils.data._epochs import EpochPlan, StepShape, dataset_info_for
 from tfdp_utils.data._pipeline import (
     Recipe,
     batch,
     call_source,
     map_and_cache,
-    own_graph_seed,
     read_files,
     split_steps,
     with_options,
-    worker_seed,
 )
+from tfdp_utils.data._replay import example_index
+from tfdp_utils.data._rest_stream import rest_batches
+from tfdp_utils.data._sources import cardinality
 
-_EPOCH_STRIDE = 104_729  # a prime: epoch e's seed is the worker's seed + stride * e
 _ENDLESS = 2**62  # epochs in the stream: never reached
 
 
@@ -96,12 +100,20 @@ class Resumable:
             "source_kind": plan.source_kind,
             "policy": plan.policy,
             "files": [list(files) for files in plan.files_per_worker],
+            "examples_per_worker": list(plan.examples_per_worker or ()),
             "shuffle_buffer_size": self.recipe.shuffle_buffer_size,
             "drop_remainder": self.recipe.drop_remainder,
         }
 
     def at(
-        self, epoch: int, step: int, seed: int | None, *, shape_change: str | None = None
+        self,
+        epoch: int,
+        step: int,
+        seed: int | None,
+        *,
+        shape_change: str | None = None,
+        rest: EpochRest | None = None,
+        step_offset: int = 0,
     ) -> Any:
         """The distributed dataset from step ``step`` of epoch ``epoch`` on, epochs on end.
 
@@ -111,6 +123,12 @@ class Resumable:
             seed: the shuffle seed (required when the dataset shuffles).
             shape_change: how the shape changed at this position (an elastic resume), said
                 by the stream's position for ``ThroughputLogger``; None when it did not.
+            rest: the rest of epoch ``epoch`` laid out from the shape it began on (files
+                sharded by file, resumed on another shape): its ``rest.steps`` steps are the
+                epoch's last, from ``step`` on. None: the epoch's own steps from ``step``.
+            step_offset: steps the job trained before ``epoch * steps_per_epoch + step``
+                counts (with ``rest``, when the first shape's epochs had another number of
+                steps), said by the stream's position.
 
         Raises:
             ValueError: a step outside the epoch, or no seed for a shuffled dataset.
@@ -122,11 +140,23 @@ class Resumable:
             )
         if self.shuffles and seed is None:
             raise ValueError("a shuffled dataset starts at a step only with its shuffle seed")
+        if rest is not None and step + rest.steps != self.steps_per_epoch:
+            raise ValueError(
+                f"the rest of epoch {epoch} takes {rest.steps} steps, so it starts at step "
+                f"{self.steps_per_epoch - rest.steps} of {self.steps_per_epoch}, not {step}."
+            )
         return self._stream(
             epoch,
             step,
             seed,
-            StreamPosition(epoch, step, built_from=self.built_from, shape_change=shape_change),
+            StreamPosition(
+                epoch,
+                step,
+                built_from=self.built_from,
+                shape_change=shape_change,
+                step_offset=step_offset,
+            ),
+            rest,
         )
 
     def epochs_from(self, epoch: int, seed: int | None) -> Any:
@@ -145,19 +175,41 @@ class Resumable:
         return self._stream(epoch, 0, seed)
 
     def _stream(
-        self, epoch: int, step: int, seed: int | None, position: StreamPosition | None = None
+        self,
+        epoch: int,
+        step: int,
+        seed: int | None,
+        position: StreamPosition | None = None,
+        rest: EpochRest | None = None,
     ) -> Any:
         recipe = dataclasses.replace(self.recipe, seed=seed)
 
         def dataset_fn(context: Any) -> Any:
-            return positioned_worker_dataset(recipe, self.source, context, epoch, step)
+            return positioned_worker_dataset(recipe, self.source, context, epoch, step, rest)
 
         from tfdp_utils.data._attach import attach
 
         dist = self.strategy.distribute_datasets_from_function(
             dataset_fn, options=self.input_options
         )
-        return attach(dist, self.info, recipe.plan, position=position)
+        indexed = functools.partial(self._example_index, recipe, epoch, step)
+        return attach(dist, self.info, recipe.plan, position=position, example_index=indexed)
+
+    def _example_index(self, recipe: Recipe, epoch: int, step: int) -> Any:
+        """What names the source indices of the stream's steps (``DivergenceGuard``)."""
+
+        def stream(recipe: Recipe, source: Any, context: Any) -> Any:
+            return positioned_worker_dataset(recipe, source, context, epoch, step)
+
+        kind = recipe.plan.source_kind
+        return example_index(
+            recipe,
+            self.source,
+            source_kind=kind,
+            num_examples=cardinality(self.source) if kind in ("arrays", "dataset") else None,
+            worker_index=position_of(self.strategy).index,
+            stream=stream,
+        )
 
 
 def resumable(
@@ -188,30 +240,9 @@ def resumable(
     )
 
 
-def _epoch_seed(recipe: Recipe, index: int, epoch: Any) -> Any:
-    base = recipe.seed if recipe.keeps_order else worker_seed(recipe.seed, index)
-    return tf.constant(base or 0, tf.int64) + tf.cast(epoch, tf.int64) * _EPOCH_STRIDE
-
-
 def _one_epoch(recipe: Recipe, read_once: Any, index: int, workers: int, epoch: Any) -> Any:
     """Epoch ``epoch`` of worker ``index``: shuffled with the epoch's seed, batched, padded."""
-    seed = _epoch_seed(recipe, index, epoch)
-    dataset = (
-        read_once if read_once is not None else read_files(recipe, index, seed=seed, in_order=True)
-    )
-    if recipe.shuffle_buffer_size is not None:
-        with own_graph_seed():  # a tensor seed: the global seed must not take part
-            dataset = dataset.shuffle(
-                recipe.shuffle_buffer_size, seed=seed, reshuffle_each_iteration=False
-            )
-    if recipe.plan.policy == "data":
-        dataset = dataset.shard(workers, index)
-    if recipe.map_fn is not None and not recipe.maps_before_cache:
-        dataset = dataset.map(
-            recipe.map_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
-        )
-    if recipe.epochs.take_per_worker is not None:
-        dataset = dataset.take(recipe.epochs.take_per_worker)
+    dataset = epoch_examples(recipe, read_once, index, workers, epoch)
     split = recipe.epochs.split_last_step
     return batch(recipe, dataset, index, split=split, repeat_epochs=False)
 
@@ -233,9 +264,15 @@ def _read_once(recipe: Recipe, source: Any, context: Any, index: int, workers: i
 
 
 def positioned_worker_dataset(
-    recipe: Recipe, source: Any, context: Any, first_epoch: int, first_step: int
+    recipe: Recipe,
+    source: Any,
+    context: Any,
+    first_epoch: int,
+    first_step: int,
+    rest: EpochRest | None = None,
 ) -> Any:
-    """This worker's stream of whole epochs from step ``first_step`` of ``first_epoch`` on.
+    """This worker's stream of whole epochs from step ``first_step`` of ``first_epoch`` on
+    (with ``rest``: its part of the rest of ``first_epoch``, then whole epochs).
 
     Raises:
         RuntimeError: the strategy has a different number of input pipelines than the plan.
@@ -247,12 +284,18 @@ def positioned_worker_dataset(
             f"{workers} input pipelines; build the dataset with the strategy that trains."
         )
     read_once = _read_once(recipe, source, context, index, workers)
-    epochs = tf.data.Dataset.range(first_epoch, _ENDLESS)
-    dataset = epochs.flat_map(lambda epoch: _one_epoch(recipe, read_once, index, workers, epoch))
+    epochs = tf.data.Dataset.range(first_epoch + (rest is not None), _ENDLESS)
+    # Traced as written (no AutoGraph rewrite of the pipeline's functions, a resume's largest
+    # data-side cost); the user's map_fn and reader inside are converted as anywhere.
+    dataset = epochs.flat_map(
+        traced_as_written(lambda epoch: _one_epoch(recipe, read_once, index, workers, epoch))
+    )
     split = recipe.epochs.split_last_step
     # Whole steps with the split; replica batches (the worker's replicas per step) without.
     unit = 1 if split else recipe.replicas_per_worker
-    if first_step:
+    if rest is not None:
+        dataset = rest_batches(recipe, rest, index, workers).concatenate(dataset)
+    elif first_step:
         dataset = dataset.skip(first_step * unit)
     if split:
         dataset = split_steps(dataset, recipe.replicas_per_worker)

@@ -9,6 +9,7 @@ TensorFlow glue: the rule that names the slow stage from these rates is pure
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -158,13 +159,20 @@ def time_stages(
     chunk: int,
     limit: int,
     seconds: float,
+    into: dict[int, float | None] | None = None,
+    stop: threading.Event | None = None,
 ) -> dict[int, float | None]:
     """Examples per second of each cut stage, in ``seconds`` in all: two interleaved passes,
     the faster kept per stage (load only slows a window; one spike in a stage's only window
-    named the next stage as the slow one)."""
-    timed: dict[int, float | None] = dict.fromkeys(range(len(stages)))
+    named the next stage as the slow one). Written into ``into`` as they come, when given
+    (a caller that stops waiting keeps those timed so far); no stage is started once ``stop``
+    is set."""
+    timed: dict[int, float | None] = into if into is not None else {}
+    timed.update(dict.fromkeys(range(len(stages))))
     for _ in range(STAGE_PASSES):
         for index, examples in cuts:
+            if stop is not None and stop.is_set():
+                return timed
             rate = _time_stage(
                 stages[index][1],
                 options,

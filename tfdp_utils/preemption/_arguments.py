@@ -131,6 +131,29 @@ def check_executions_fit_epochs(
     )
 
 
+def check_executions_fit_rest(
+    per_execution: int, steps_per_epoch: int, start: int | None, *, whole_executions: bool
+) -> None:
+    """Keras 3 runs whole executions: the rest of an interrupted epoch laid out anew (files
+    sharded by file on another shape) starts at a step that the executions must divide up to
+    the epoch's end, or its last execution would take the next epoch's first batches."""
+    if start is None:
+        return
+    left = steps_per_epoch - start
+    if not whole_executions or per_execution <= 1 or left % per_execution == 0:
+        return
+    divisors = position.divisors(left)
+    raise ValueError(
+        f"PreemptionCheckpoint resumes the rest of an epoch of files sharded by file in "
+        f"{left} steps (from step {start} of {steps_per_epoch} on this shape), but the model "
+        f"is compiled with steps_per_execution={per_execution}: Keras 3 runs every execution "
+        f"whole, so the rest's last one would train batches of the next epoch. Compile with "
+        f"a steps_per_execution that divides both {left} and {steps_per_epoch} (e.g. "
+        f"{max(d for d in divisors if steps_per_epoch % d == 0)}) until this epoch ends, or "
+        "resume on the saved shape."
+    )
+
+
 def resumable(x: Any, receiver: str = "fit") -> Any:
     """The position-aware view of a builder dataset ``x`` (``receiver``, the call that took
     ``x``, is named when it is not one)."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -174,6 +175,10 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
         arguments_.check_executions_fit_epochs(
             run.steps_per_execution, run.steps_per_epoch, whole_executions=_tf.IS_KERAS3
         )
+        rest_start = run.rest_start if run.rest is not None else None
+        arguments_.check_executions_fit_rest(
+            run.steps_per_execution, run.steps_per_epoch, rest_start, whole_executions=_tf.IS_KERAS3
+        )
         if run.per_step:
             self.on_train_batch_end = self._on_train_batch_end
         else:
@@ -201,7 +206,14 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
         start = restore.beside_backups(start, beside or [], resumable.steps_per_epoch)
         self.resumed_from = start.resumed_from
         run = restore.prepared_run(directory, resumable, start)
-        dataset = resumable.at(start.epoch, start.step, start.seed, shape_change=start.shape_change)
+        dataset = resumable.at(
+            start.epoch,
+            start.step,
+            start.seed,
+            shape_change=start.shape_change,
+            rest=start.rest,
+            step_offset=start.step_offset,
+        )
         return run, dataset
 
     def loop(
@@ -279,6 +291,7 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
         if self.every_steps:
             run.periodic_mark = position.periodic_mark(run.global_step, self.every_steps, None)
         restore.read_back(run, model, optimizer)
+        run.start_step = run.global_step
         run.monitor = GraceMonitor(self.notice, self.grace_seconds, lambda: run.phase)
         if run.num_workers > 1:
             run.channel = saving.open_channel(run, self.grace_seconds)
@@ -393,7 +406,59 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
     # -- saving -----------------------------------------------------------------------------
 
     def _save(self, run: Run, *, reason: str) -> None:
+        if run.held:
+            return  # the last good step is saved: a later position would skip its batches
+        started = time.perf_counter()
         self.saved_path = saving.save(run, keep=self.keep, reason=reason)
+        if reason == "every_steps":
+            run.periodic_saves.append((started, time.perf_counter()))
+
+    def fit_save_spans(self) -> tuple[tuple[float, float], ...]:
+        """When the current (or last) ``fit``'s periodic saves ran: ``(start, end)`` each, in
+        ``time.perf_counter()`` seconds.
+
+        The ``ThroughputLogger`` of the same ``fit`` call reads them for the job's goodput
+        (``checkpoint_saves``: the parts while its step clock ran); the save at a notice is not
+        among them (it ends the fit).
+        """
+        return () if self._run is None else tuple(self._run.periodic_saves)
+
+    def save_last_good(self, steps: int, *, reason: str) -> str | None:
+        """Save the current weights at the position ``steps`` steps after this fit began,
+        as the newest checkpoint, and save nothing more in this fit.
+
+        For ``DivergenceGuard`` under ``policy="stop"``: no update was applied after the
+        first non-finite step, so the weights are those of the last good step, and a resume
+        starts at the non-finite step's batch. Checkpoints this fit saved at later positions
+        (periodic saves before the guard read its flags) are deleted: they hold the same
+        weights under a position that would skip batches.
+
+        Args:
+            steps: the steps of this fit whose updates were applied.
+            reason: why, as the checkpoint records it.
+
+        Over several workers every worker must call it at the same batch with the same
+        ``steps`` (``DivergenceGuard`` does: its flags are agreed inside the step and read on
+        the training thread at the same batch on every worker); every worker takes part in the
+        save, as in any other, and the chief deletes the later checkpoints.
+
+        Returns:
+            The checkpoint's folder (on a worker other than the chief: the folder the chief's
+            copy goes to), or None where nothing was saved: no fit is running.
+        """
+        run = self._run
+        if run is None or not run.training:
+            return None
+        target = run.start_step + steps
+        run.epoch, run.done = divmod(target, run.steps_per_epoch)
+        if run.worker == 0:
+            for step, path in store.saved(run.directory):
+                if step > target:
+                    shutil.rmtree(path, ignore_errors=True)
+        run.phase = "save"
+        self._save(run, reason=reason)
+        run.held, run.phase = True, "training step"
+        return self.saved_path
 
     def _stop(self, run: Run, *, save: bool, request: agreement.Request | None = None) -> None:
         started = time.monotonic()

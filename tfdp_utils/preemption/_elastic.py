@@ -4,14 +4,26 @@ The saved position is "epoch e, global step k of a global batch of B examples, s
 s". Under DATA sharding every worker shuffles the whole epoch with the same seed and keeps
 every W-th example, so the global batch at step k is the same examples on any shape (the
 builder's order does not depend on W or the replicas: ``tests/data/test_elastic_order.py``).
+File sources read under DATA sharding (or on one worker) are the same: every worker reads every
+file, in an order drawn from the shared seed, through a deterministic interleave, so the epoch's
+order is one sequence before it is sharded.
 A resume on another shape is then exact up to the order of the floating-point sums, as long
 as the global batch is the same and divides over the new replicas.
+
+Files sharded by file (FILE: each worker its own files) have no such global order: the rest
+of the interrupted epoch is laid out from the facts of the shape it began on (which files each
+worker read, how many examples each held, the steps done) and redistributed over the new
+workers, each example once (:class:`~tfdp_utils.data._epoch_rest.EpochRest`); the epochs
+after it are the new shape's own. The global batches of the rest are those of the first shape
+where its steps were full.
 
 What this module refuses, each by name with its reason (a
 :class:`~tfdp_utils.errors.ResumeMismatchError`): a changed global batch, a global batch that
 does not divide over the new replicas, sources whose global batches depend on the shape
-(files sharded by file, a ``fn(input_context)`` that shards itself, ``shard_policy='off'`` over
-several workers), and file sources in general (not in this release).
+(a ``fn(input_context)`` that shards itself, ``shard_policy='off'`` over several workers),
+files sharded by file in a checkpoint that does not record the examples each worker held,
+the rest of an epoch that needs more steps than an epoch has on the new shape, and another
+set of files.
 """
 
 from __future__ import annotations
@@ -20,12 +32,16 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from tfdp_utils.data._epoch_rest import EpochRest
 from tfdp_utils.errors import ResumeMismatchError
 
-SHAPE_FACTS = ("num_replicas_in_sync", "num_workers", "policy", "files")
+SHAPE_FACTS = ("num_replicas_in_sync", "num_workers", "policy", "files", "examples_per_worker")
 """The facts that may differ on another shape (the others must be the same)."""
 
-ELASTIC_SOURCES = ("arrays", "dataset")
+REST_KEY = "epoch_rest"
+"""Where a checkpoint saved during the rest of an epoch records it (``state.json``)."""
+
+ELASTIC_SOURCES = ("arrays", "dataset", "files")
 """Source kinds whose global order the builder defines before it shards (DATA)."""
 
 
@@ -74,16 +90,8 @@ def _same_order_reason(facts: Mapping[str, Any]) -> str | None:
     """Why the global batches of a run with ``facts`` would depend on its shape, or None."""
     kind, policy = facts.get("source_kind"), facts.get("policy")
     workers = int(facts.get("num_workers") or 1)
-    if kind == "files":
-        if policy == "file":
-            return (
-                "files sharded by file (FILE) give each worker its own files, so the examples "
-                "of a global step depend on the number of workers"
-            )
-        return (
-            "an elastic resume of file sources is not supported yet (arrays, tensor "
-            "slices and sized tf.data datasets are)"
-        )
+    if kind == "files" and policy == "file":
+        return None  # the rest of the interrupted epoch is laid out anew (epoch_rest)
     if kind == "function":
         return (
             "a fn(input_context) source shards its own data by input_pipeline_id, so its "
@@ -145,6 +153,87 @@ def check_shape_change(path: str, before: Mapping[str, Any], now: Mapping[str, A
                 f"in {which}, {reason} ({where})",
                 "Resume on the saved shape, or start afresh with another directory=.",
             )
+    _check_same_files(path, before, now)
+    if redistributes(before, now) and "examples_per_worker" not in before:
+        raise _refuse(
+            path,
+            "its files were sharded by file (FILE) and it does not record how many examples "
+            "each worker held (it was saved by an earlier tfdp-utils), so the rest of the "
+            f"interrupted epoch cannot be laid out on other workers ({where})",
+            "Resume on the saved shape until the epoch ends (a checkpoint saved from now on "
+            "records them), or start afresh with another directory=.",
+        )
+
+
+def redistributes(before: Mapping[str, Any], now: Mapping[str, Any]) -> bool:
+    """Whether a resume from facts ``before`` on facts ``now`` (another shape) lays out the
+    rest of the interrupted epoch anew: files sharded by file on either shape."""
+    return before.get("source_kind") == "files" and "file" in (
+        before.get("policy"),
+        now.get("policy"),
+    )
+
+
+def epoch_rest(
+    path: str,
+    state: Mapping[str, Any],
+    now: Mapping[str, Any],
+    epoch: int,
+    step: int,
+) -> EpochRest | None:
+    """The rest of the interrupted epoch a resume from a checkpoint (``path``, its
+    ``state.json`` ``state``, at ``step`` of ``epoch``) on a run with facts ``now`` trains,
+    or None where the epoch's own steps go on.
+
+    Raises:
+        ResumeMismatchError: the rest needs more steps than an epoch has on this shape, or
+            the checkpoint's record of it does not read.
+    """
+    before = state.get("dataset", {})
+    saved = state.get(REST_KEY)
+    if isinstance(saved, Mapping) and saved.get("epoch") == epoch:
+        try:
+            rest = EpochRest.from_json(saved)
+        except (KeyError, TypeError, ValueError) as error:
+            raise _refuse(
+                path,
+                f"its record of the rest of epoch {epoch + 1} does not read ({error!r})",
+                "Resume from an earlier checkpoint (delete this one), or start afresh with "
+                "another directory=.",
+            ) from None
+    elif step and changed(before, now) and redistributes(before, now):
+        rest = EpochRest.interrupted(before, epoch, step)
+    else:
+        return None
+    steps = int(now.get("steps_per_epoch") or 0)
+    if rest.steps > steps:
+        raise _refuse(
+            path,
+            f"the rest of epoch {epoch + 1} ({rest.remaining} examples of files sharded by "
+            f"file) takes {rest.steps} global steps of {rest.global_batch_size}, but an epoch "
+            f"has {steps} steps on this shape ({describe_change(before, now) or 'same shape'})",
+            "Resume on the saved shape until the epoch ends, or on a number of workers whose "
+            "epoch has as many steps (drop_remainder=False keeps every example's step).",
+        )
+    return rest
+
+
+def _all_files(facts: Mapping[str, Any]) -> list[str]:
+    return sorted({name for files in facts.get("files") or () for name in files})
+
+
+def _check_same_files(path: str, before: Mapping[str, Any], now: Mapping[str, Any]) -> None:
+    """The files (per worker, a shape fact) must be the same files over all workers."""
+    if "files" not in before or _all_files(before) == _all_files(now):
+        return
+    gone = sorted(set(_all_files(before)) - set(_all_files(now)))
+    new = sorted(set(_all_files(now)) - set(_all_files(before)))
+    raise _refuse(
+        path,
+        f"it was saved reading other files ({len(gone)} not read here, e.g. {gone[:2]}; "
+        f"{len(new)} new, e.g. {new[:2]})",
+        "Resume with the same files, or start afresh with another directory=.",
+    )
 
 
 def describe_change(before: Mapping[str, Any], now: Mapping[str, Any]) -> str | None:

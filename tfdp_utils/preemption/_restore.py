@@ -18,6 +18,7 @@ from typing import Any
 
 from tfdp_utils._tf import tf
 from tfdp_utils.cluster._topology import position_of
+from tfdp_utils.data._epoch_rest import EpochRest
 from tfdp_utils.preemption import _arguments as arguments
 from tfdp_utils.preemption import _backups as backups
 from tfdp_utils.preemption import _elastic as elastic
@@ -43,6 +44,11 @@ class Start:
         resumed_from: the folder of the checkpoint or backup it resumes from, or None.
         shape_change: the shape the checkpoint was saved on -> this run's, when it differs
             (an elastic resume), else None.
+        rest: the rest of the interrupted epoch laid out on this shape (files sharded by
+            file, on another shape or stopped again during such a rest), else None; ``step``
+            is then where it starts.
+        step_offset: steps trained before ``epoch * steps_per_epoch + step`` counts (an epoch
+            of another number of steps on the checkpoint's shape).
     """
 
     facts: dict[str, Any]
@@ -52,6 +58,8 @@ class Start:
     restore: store.Saved | None
     resumed_from: str | None
     shape_change: str | None = None
+    rest: EpochRest | None = None
+    step_offset: int = 0
 
 
 def check_variables(prefix: str) -> None:
@@ -79,13 +87,39 @@ def from_checkpoint(directory: str, resumable: Any, initial_epoch: Any) -> Start
             latest, getattr(resumable, "given_seed", resumable.recipe.seed)
         )
         change = _say_shape_change(latest, facts)
-    else:
-        epoch, step = arguments.initial_epoch(initial_epoch), 0
-        seed, change = resumable.recipe.seed, None
-        if seed is None and resumable.shuffles:
-            seed = random.randrange(2**31)  # kept in every checkpoint of this run
-    resumed_from = latest.path if latest is not None else None
-    return Start(facts, epoch, step, seed, latest, resumed_from, change)
+        rest = elastic.epoch_rest(latest.path, latest.state, facts, epoch, step)
+        if rest is not None:
+            step = _rest_start(latest, rest, resumable, epoch, step)
+        offset = latest.step - position.global_step(epoch, step, resumable.steps_per_epoch)
+        return Start(facts, epoch, step, seed, latest, latest.path, change, rest, offset)
+    epoch, step = arguments.initial_epoch(initial_epoch), 0
+    seed = resumable.recipe.seed
+    if seed is None and resumable.shuffles:
+        seed = random.randrange(2**31)  # kept in every checkpoint of this run
+    return Start(facts, epoch, step, seed, None, None)
+
+
+def _rest_start(latest: store.Saved, rest: EpochRest, resumable: Any, epoch: int, step: int) -> int:
+    """The step of ``epoch`` the rest starts at on this shape (its steps are the epoch's last)."""
+    spe = int(resumable.steps_per_epoch)
+    start = spe - rest.steps
+    logger.warning(
+        "tfdp_utils: PreemptionCheckpoint resumes %s at step %d of epoch %d (files sharded by "
+        "file): the rest of the epoch, %d examples left by %d worker(s), is redistributed over "
+        "this run's %d worker(s) as %d global steps of %d, Keras' steps %d..%d of %d.",
+        latest.path,
+        step,
+        epoch + 1,
+        rest.remaining,
+        rest.num_workers,
+        position_of(resumable.strategy).num_workers,
+        rest.steps,
+        rest.global_batch_size,
+        start,
+        spe - 1,
+        spe,
+    )
+    return start
 
 
 def _say_shape_change(latest: store.Saved, facts: dict[str, Any]) -> str | None:
@@ -120,7 +154,13 @@ def beside_backups(start: Start, beside: Sequence[Any], steps_per_epoch: int) ->
             f"the checkpoint {latest.path}" if latest is not None else "any checkpoint",
         )
         return dataclasses.replace(
-            start, epoch=backup.epoch, step=backup.step, restore=None, resumed_from=backup.path
+            start,
+            epoch=backup.epoch,
+            step=backup.step,
+            restore=None,
+            resumed_from=backup.path,
+            rest=None,
+            step_offset=0,
         )
     if latest is not None:
         logger.warning(
@@ -149,6 +189,7 @@ def prepared_run(directory: str, resumable: Any, start: Start) -> Run:
         restore=start.restore,
     )
     run.strategy = resumable.strategy
+    run.rest, run.rest_start, run.step_offset = start.rest, start.step, start.step_offset
     worker = position_of(resumable.strategy)
     run.worker, run.num_workers = worker.index, worker.num_workers
     if start.restore is not None:

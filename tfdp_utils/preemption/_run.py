@@ -61,6 +61,17 @@ class Run:
         self.begun: int | None = None  # the step index of the last execution begun
         self.periodic_mark: int | None = None  # global_step // every_steps at the last save
         self.phase = "training step"  # what runs now: "training step", "validation", "save"
+        # The periodic saves of this fit: (start, end), time.perf_counter() readings.
+        self.periodic_saves: list[tuple[float, float]] = []
+        self.start_step = 0  # global_step when this fit's first step began
+        self.held = False  # a save at an earlier step ended this fit's saves (DivergenceGuard)
+        # The rest of an interrupted epoch laid out on this shape (an EpochRest: files sharded
+        # by file, resumed on another shape), and the step of that epoch it starts at.
+        self.rest: Any = None
+        self.rest_start = 0
+        # Steps trained before this run's epoch numbering began: the global step goes on from
+        # the checkpoint's where an epoch has another number of steps on this shape.
+        self.step_offset = 0
 
     def close(self) -> None:
         """Stop the grace monitor and the watcher thread."""
@@ -73,7 +84,15 @@ class Run:
     @property
     def global_step(self) -> int:
         """Steps trained since the first epoch of the job began."""
-        return position.global_step(self.epoch, self.done, self.steps_per_epoch)
+        return self.step_offset + position.global_step(self.epoch, self.done, self.steps_per_epoch)
+
+    def rest_record(self) -> dict[str, Any] | None:
+        """The rest of the epoch still to train, as a checkpoint at this position records
+        it; None outside a rest."""
+        if self.rest is None or self.epoch != self.rest.epoch:
+            return None
+        record: dict[str, Any] = self.rest.after(self.done - self.rest_start).to_json()
+        return record
 
 
 class GraceMonitor:

@@ -21,6 +21,7 @@ from tfdp_utils import _tf
 from tfdp_utils.cluster import _coordination as coordination
 from tfdp_utils.compat import _fit_binding as fit_binding
 from tfdp_utils.preemption import _agreement as agreement
+from tfdp_utils.preemption import _elastic as elastic
 from tfdp_utils.preemption import _position as position
 from tfdp_utils.preemption import _signals as signals_
 from tfdp_utils.preemption import _store as store
@@ -47,6 +48,9 @@ def save(run: Run, *, keep: int, reason: str) -> str:
         reason=reason,
         saved_at=time.time(),
     )
+    rest = run.rest_record()
+    if rest is not None:
+        state[elastic.REST_KEY] = rest
     checkpoint = run.checkpoint
     if run.worker != 0:
         # Every worker takes part in writing (reading synchronised values is collective);
@@ -155,6 +159,15 @@ def ask_to_stop(run: Run, channel: agreement.CoordinationChannel, notice: signal
     """Ask every worker to stop after this step (once per run: marked as asked)."""
     run.asked = True
     agreed = channel.propose("stop", after_call=run.global_step, reason=str(notice.signal_name))
+    if agreed.action == agreement.CLOSED:  # the fit ended on another worker: no step is left
+        logger.warning(
+            "tfdp_utils: PreemptionCheckpoint: %s on worker %d after the fit ended on worker "
+            "%d; no stop to agree on.",
+            notice.signal_name,
+            run.worker,
+            agreed.worker,
+        )
+        return
     logger.warning(
         "tfdp_utils: PreemptionCheckpoint: %s on worker %d; every worker stops after step %d.",
         notice.signal_name,

@@ -1,7 +1,9 @@
 """The checkpoint directory: atomic saves, the latest good one, the last k kept.
 
-Pure Python (no TensorFlow): the variables are written by a ``write(prefix)`` function the
-caller passes (``tf.train.Checkpoint.write``), and read back by a ``check(prefix)`` function
+Pure Python (no TensorFlow): the folders are named and their ``state.json`` read back by
+:mod:`tfdp_utils._checkpoint_files` (on the floor, as :func:`~tfdp_utils.auto_strategy` reads
+them too); the variables are written by a ``write(prefix)`` function the caller passes
+(``tf.train.Checkpoint.write``), and read back by a ``check(prefix)`` function
 (``tf.train.load_checkpoint``). Each checkpoint is a folder ``ckpt-<step>`` holding
 ``state.json`` (the training position and the facts a resume is checked against) and the
 variables under the prefix ``variables``. A folder is written under a hidden temporary name
@@ -20,27 +22,18 @@ import tempfile
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from tfdp_utils._checkpoint_files import FORMAT as FORMAT
+from tfdp_utils._checkpoint_files import STATE_FILE as STATE_FILE
+from tfdp_utils._checkpoint_files import folder_name as folder_name
+from tfdp_utils._checkpoint_files import read_state as read_state
+from tfdp_utils._checkpoint_files import saved as saved
+from tfdp_utils._checkpoint_files import step_of as step_of
+
 logger = logging.getLogger("tfdp_utils")
 
-FORMAT = 1
-STATE_FILE = "state.json"
 VARIABLES = "variables"
-_PREFIX = "ckpt-"
 _TEMPORARY = ".tmp-"
 _PROBE = ".probe-"  # a writability probe: every worker makes its own, at the same time
-
-
-def folder_name(step: int) -> str:
-    """``ckpt-000000000120`` for step 120: names sort in step order."""
-    return f"{_PREFIX}{step:012d}"
-
-
-def step_of(name: str) -> int | None:
-    """The step in a checkpoint folder's name, or None for any other name."""
-    if not name.startswith(_PREFIX):
-        return None
-    digits = name[len(_PREFIX) :]
-    return int(digits) if digits.isascii() and digits.isdigit() else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,30 +182,6 @@ def scratch_save(directory: str, worker: int, write: Callable[[str], Any]) -> No
         write(os.path.join(scratch, VARIABLES))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-
-
-def read_state(path: str) -> dict[str, Any] | None:
-    """A checkpoint folder's ``state.json``, or None when missing or unreadable."""
-    try:
-        with open(os.path.join(path, STATE_FILE), encoding="utf-8") as handle:
-            state = json.load(handle)
-    except (OSError, ValueError):
-        return None
-    return state if isinstance(state, dict) and state.get("format") == FORMAT else None
-
-
-def saved(directory: str) -> list[tuple[int, str]]:
-    """``(step, folder)`` of every checkpoint folder in ``directory``, oldest first."""
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return []
-    found = [
-        (step, os.path.join(directory, name))
-        for name in names
-        if (step := step_of(name)) is not None
-    ]
-    return sorted(found)
 
 
 def latest(directory: str, check: Callable[[str], Any]) -> Saved | None:

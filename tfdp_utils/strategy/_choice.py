@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -19,6 +20,7 @@ from tfdp_utils import _validate, _variables
 from tfdp_utils._public import public
 from tfdp_utils._validate import positive_float
 from tfdp_utils.cluster._config import ClusterConfig
+from tfdp_utils.cluster._topology import position_of
 from tfdp_utils.errors import TPUProbeError
 from tfdp_utils.strategy._build import (
     DEFAULT_CLUSTER_TIMEOUT,
@@ -31,6 +33,7 @@ from tfdp_utils.strategy._detect import Environment, detect_environment
 from tfdp_utils.strategy._environment_check import check_prefer as _check_prefer
 from tfdp_utils.strategy._environment_check import raise_first_problem
 from tfdp_utils.strategy._faults import DEFAULT_COLLECTIVE_TIMEOUT, resolve_collective_timeout
+from tfdp_utils.strategy._resuming import checked_directory, resume_reason
 from tfdp_utils.strategy._strategy_choice import StrategyChoice, StrategyKind
 from tfdp_utils.strategy._xla import keras_xla
 
@@ -251,6 +254,7 @@ def auto_strategy(
     probe_timeout: float = 5.0,
     cluster_timeout: float = DEFAULT_CLUSTER_TIMEOUT,
     collective_timeout: float | None = DEFAULT_COLLECTIVE_TIMEOUT,
+    resume_from: str | os.PathLike[str] | None = None,
     verbose: bool = True,
 ) -> Any:
     """Pick, build and return the ``tf.distribute.Strategy`` this process should train with.
@@ -286,6 +290,11 @@ def auto_strategy(
             is usually reported sooner by TensorFlow itself (``UnavailableError``). Keep it above
             your slowest step, first trace and save. The variable ``TFDP_COLLECTIVE_TIMEOUT``
             replaces the default; None or 0 turns the bound off. Defaults to `600.0`.
+        resume_from: the ``PreemptionCheckpoint`` directory the job resumes from. When its
+            latest checkpoint was saved on another number of workers or replicas, the reason
+            line says so (``"resuming a 4-worker job on 2 (...)"``, an elastic resume) and
+            whether the global batch still divides over the new replicas. Nothing is restored
+            here; a missing or empty directory (a first run) adds nothing. Defaults to `None`.
         verbose: show the one-line explanation (what was built and why). It is logged at INFO
             on the ``tfdp_utils`` logger; when no logging set-up would show that, it is printed
             to stderr instead. False, or a level set on the ``tfdp_utils`` logger, silences it.
@@ -316,6 +325,7 @@ def auto_strategy(
         _validate.text(tpu, "tpu", hint="Pass a TPU name or a 'grpc://host:port' address.")
     # The same check as `tfdp-utils env` and `doctor`, before TensorFlow is imported.
     raise_first_problem()
+    resume_directory = checked_directory(resume_from)
     resolved_collective_timeout = resolve_collective_timeout(collective_timeout)
     cluster_timeout = resolve_cluster_timeout(cluster_timeout)
     env, prefer = _detect(tpu, cluster_resolver, prefer)
@@ -335,8 +345,23 @@ def auto_strategy(
             num_gpus=len(env.gpus),
             called_at=called_at,
         )
+    choice = _with_resume_reason(choice, strategy, resume_directory)
     _settle(strategy, choice, env, verbose=verbose)
     return strategy
+
+
+def _with_resume_reason(
+    choice: StrategyChoice, strategy: Any, directory: str | None
+) -> StrategyChoice:
+    """``choice`` with the elastic resume said in its reason, when ``directory``'s latest
+    checkpoint was saved on another shape than ``strategy``'s."""
+    if directory is None:
+        return choice
+    replicas = int(strategy.num_replicas_in_sync)
+    clause = resume_reason(directory, position_of(strategy).num_workers, replicas)
+    if clause is None:
+        return choice
+    return dataclasses.replace(choice, reason=f"{choice.reason}; {clause}")
 
 
 def _detect(tpu: str | None, cluster_resolver: Any, prefer: str) -> tuple[Environment, str]:

@@ -45,6 +45,7 @@ from tfdp_utils._public import public
 from tfdp_utils._validate import is_off_word
 from tfdp_utils._waiting import WaitProgress
 from tfdp_utils.strategy._phase_tracker import PhaseTracker
+from tfdp_utils.strategy._stuck import calls_into
 
 logger = logging.getLogger("tfdp_utils")
 
@@ -88,7 +89,8 @@ def resolve_collective_timeout(
     """The collective bound in force: the argument, or ``TFDP_COLLECTIVE_TIMEOUT`` for the default.
 
     Args:
-        value: seconds, :data:`DEFAULT_COLLECTIVE_TIMEOUT`, or None / 0 for no bound.
+        value: seconds, :data:`DEFAULT_COLLECTIVE_TIMEOUT`, or None / 0 / ``inf`` for no
+            bound.
         environ: variables to read instead of ``os.environ``. Defaults to `None`.
 
     Returns:
@@ -111,8 +113,8 @@ def resolve_collective_timeout(
                 f"{COLLECTIVE_TIMEOUT_VARIABLE}={text!r} is not a number of seconds; set it to "
                 f"e.g. {DEFAULT_COLLECTIVE_TIMEOUT:g}, or 0 to wait without a bound."
             ) from None
-    if value is None or value == 0:
-        return None
+    if value is None or value == 0 or value == float("inf"):
+        return None  # "inf" waits without a bound, as 0 / "off" do
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ValueError(
             f"{source}={value!r} must be a positive number of seconds, or 0 / None to wait "
@@ -240,7 +242,8 @@ class CollectiveWatchdog:
         abort: called with the message when the bound passes. Defaults to `None` (abort the
             process's collective ops).
         in_call: tells whether a frame is inside a blocking TensorFlow call. Defaults to
-            `None` (the innermost frame's file lies in the installed ``tensorflow`` package).
+            `None` (the innermost frame's file, or its first caller outside Python's own
+            library, lies in the installed ``tensorflow`` package).
         phases: publishes this worker's phase and reads the others' for the diagnosis (see
             :mod:`tfdp_utils.strategy._stuck`); made with ``in_call`` as its test. Defaults to
             `None` (no phases: the message names no worker).
@@ -271,8 +274,7 @@ class CollectiveWatchdog:
         self.interval = min(1.0, self.timeout / 10) if interval is None else interval
         self._abort = abort or _abort_collectives
         if in_call is None:
-            prefix = _tensorflow_dir()
-            in_call = lambda frame: frame.f_code.co_filename.startswith(prefix)  # noqa: E731
+            in_call = calls_into(_tensorflow_dir())
         self._in_call = in_call
         self._phases = phases(in_call) if phases is not None else None
         self._stop = threading.Event()

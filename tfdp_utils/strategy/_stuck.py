@@ -55,6 +55,7 @@ _SAVING_PATHS = tuple(
 )
 _SAVING_NAMES = frozenset({"save", "save_weights", "save_model"})
 _LOADING_WORDS = ("restore", "load", "read")
+_STDLIB = os.path.dirname(os.__file__) + os.sep  # Python's own library: threading, queue...
 _CALLBACK_LISTS = frozenset({"CallbackList"})  # Keras' dispatchers, not callbacks themselves
 
 
@@ -171,8 +172,52 @@ def frame_phase(frame: FrameType, in_call: Callable[[FrameType], bool]) -> Frame
         return FramePhase("callback", _qualname(callback), callback)
     if in_call(frame):
         return FramePhase("step", "validation" if validating else "", frame)
-    where = f"{_qualname(frame)} in {os.path.basename(frame.f_code.co_filename)}"
-    return FramePhase("python", where, frame)
+    return FramePhase("python", _python_where(frame), frame)
+
+
+def _frame_name(frame: FrameType) -> str:
+    return f"{_qualname(frame)} in {os.path.basename(frame.f_code.co_filename)}"
+
+
+def _python_where(frame: FrameType) -> str:
+    """The innermost function, and the caller it waits for when that is Python's own library.
+
+    A thread parked in ``Condition.wait in threading.py`` says nothing of what it waits for;
+    the first frame outside the standard library (``Future.result`` is in it too) does:
+    ``"Condition.wait in threading.py, from CallbackList.on_train_batch_end in
+    callback_list.py"``.
+    """
+    where = _frame_name(frame)
+    current: FrameType | None = frame
+    while current is not None and _in_stdlib(current):
+        current = current.f_back
+    if current is not None and current is not frame:
+        where += f", from {_frame_name(current)}"
+    return where
+
+
+def _in_stdlib(frame: FrameType) -> bool:
+    filename = frame.f_code.co_filename
+    return filename.startswith(_STDLIB) and "site-packages" not in filename
+
+
+def calls_into(package_dir: str) -> Callable[[FrameType], bool]:
+    """A test of whether a thread's innermost frame is inside a call of the package at
+    ``package_dir`` (its directory, ending with the path separator).
+
+    A frame of Python's own library counts as its first caller outside it: TensorFlow waits
+    on its own threads in ``threading`` (an eager cross-worker reduce, as a metric's reset in
+    ``fit`` runs, is launched on a thread pool while the caller waits in ``pool.map``), and
+    that wait is as much a TensorFlow call as one in its C++ core.
+    """
+
+    def in_call(frame: FrameType) -> bool:
+        current: FrameType | None = frame
+        while current is not None and _in_stdlib(current):
+            current = current.f_back
+        return current is not None and current.f_code.co_filename.startswith(package_dir)
+
+    return in_call
 
 
 @dataclasses.dataclass(frozen=True)

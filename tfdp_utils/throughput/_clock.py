@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 
 class PausableClock:
@@ -21,6 +21,7 @@ class PausableClock:
         self._excluded = 0.0
         self._paused_at: float | None = None
         self._reasons: set[str] = set()
+        self._pauses: list[tuple[float, float]] = []  # the host clock's readings, in order
 
     def now(self) -> float:
         """Seconds so far, the paused spans left out."""
@@ -44,8 +45,10 @@ class PausableClock:
         self._reasons.discard(reason)
         if self._reasons or self._paused_at is None:
             return 0.0
-        held = self._clock() - self._paused_at
+        now = self._clock()
+        held = now - self._paused_at
         self._excluded += held
+        self._pauses.append((self._paused_at, now))
         self._paused_at = None
         return held
 
@@ -56,3 +59,28 @@ class PausableClock:
     def held(self, reason: str) -> bool:
         """Whether a pause for ``reason`` is held."""
         return reason in self._reasons
+
+    def running_within(self, spans: Sequence[tuple[float, float]]) -> float:
+        """Seconds of ``spans`` (host clock readings ``(start, end)``, in order, not
+        overlapping) during which this clock ran: the parts inside a pause left out.
+
+        Example:
+        >>> ticks = iter([10.0, 12.0])
+        >>> clock = PausableClock(lambda: next(ticks))
+        >>> clock.pause("epoch_start"); _ = clock.resume("epoch_start")  # held 10-12
+        >>> clock.running_within([(9.0, 11.0), (12.0, 13.0)])  # 1 s of the first, all the second
+        2.0
+        """
+        pauses = list(self._pauses)
+        if self._paused_at is not None:
+            pauses.append((self._paused_at, float("inf")))
+        total, first = 0.0, 0
+        for start, end in spans:
+            while first < len(pauses) and pauses[first][1] <= start:
+                first += 1
+            held, index = 0.0, first
+            while index < len(pauses) and pauses[index][0] < end:
+                held += max(0.0, min(end, pauses[index][1]) - max(start, pauses[index][0]))
+                index += 1
+            total += max(0.0, end - start - held)
+        return total

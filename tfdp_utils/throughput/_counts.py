@@ -72,6 +72,10 @@ class ExampleCounter:
         self.counts = list(carried) if len(carried) == num_replicas else [0] * num_replicas
         self.info: DatasetInfo | None = None
         self.source = ""
+        # Steps the job trained before its dataset's layout counts from (a rest of an epoch of
+        # files laid out on a shape whose epochs have another number of steps): step s of the
+        # job is step s - layout_offset of the repeating dataset's layout.
+        self.layout_offset = 0
 
     def count_to(self, step: int) -> None:
         """Add the examples of the steps from the last counted one up to ``step``."""
@@ -94,7 +98,7 @@ class ExampleCounter:
         if info is None or not info.repeat:
             return
         self.origin = 0
-        self.counts = list(info.examples_in_steps(0, self.counted_step))
+        self.counts = list(info.examples_in_steps(0, self.counted_step - self.layout_offset))
 
     def end_epoch(self, step: int) -> None:
         """Count up to ``step``, where the epoch ended and the next one starts."""
@@ -106,7 +110,7 @@ class ExampleCounter:
         if info is not None and info.repeat:
             # A repeating dataset is iterated on across fit's epochs: its own layout, counted
             # from the start of iteration, decides.
-            return info.examples_in_steps(first, last)
+            return info.examples_in_steps(first - self.layout_offset, last - self.layout_offset)
         if info is not None:
             # Epochs as fit ran them (not the dataset's steps_per_epoch): positions count
             # from the step at which this epoch began.

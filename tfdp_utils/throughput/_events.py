@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import struct
+from collections.abc import Collection
 
 from tfdp_utils.throughput._restarts import FitSpan
 from tfdp_utils.throughput._tags import (
@@ -65,7 +66,7 @@ class RunSeries:
         return [value for _, value in self.series.get(tag, [])]
 
 
-def read_runs(log_dir: str) -> dict[str, RunSeries]:
+def read_runs(log_dir: str, *, exclude: Collection[str] = ()) -> dict[str, RunSeries]:
     """Read every run under ``log_dir`` that holds throughput or memory scalars.
 
     Runs are the directories that hold event files, found recursively as TensorBoard finds
@@ -76,6 +77,8 @@ def read_runs(log_dir: str) -> dict[str, RunSeries]:
 
     Args:
         log_dir: the directory given to ``ThroughputLogger``.
+        exclude: paths of event files to leave unread (a logger leaves out the file it is
+            writing). Defaults to none.
 
     Returns:
         Runs by name (``global``, ``replica_0``, ...), in name order.
@@ -94,7 +97,7 @@ def read_runs(log_dir: str) -> dict[str, RunSeries]:
             "writing)."
         )
     runs: dict[str, RunSeries] = {}
-    for folder, files in _event_files(log_dir):
+    for folder, files in _event_files(log_dir, exclude=exclude):
         points: dict[str, list[tuple[int, float]]] = {}
         notes: dict[int, str] = {}
         walls: dict[int, float] = {}
@@ -161,10 +164,15 @@ def _started(records: list[bytes]) -> float:
     return float(event_pb2.Event.FromString(records[0]).wall_time) if records else 0.0
 
 
-def _event_files(log_dir: str) -> list[tuple[str, list[str]]]:
+def _event_files(log_dir: str, *, exclude: Collection[str] = ()) -> list[tuple[str, list[str]]]:
     found = []
+    skip = {os.path.abspath(path) for path in exclude}
     for folder, _, files in sorted(os.walk(log_dir)):
-        events = sorted(os.path.join(folder, n) for n in files if ".tfevents." in n)
+        events = sorted(
+            path
+            for path in (os.path.join(folder, n) for n in files if ".tfevents." in n)
+            if os.path.abspath(path) not in skip
+        )
         if events:
             found.append((folder, events))
     return found

@@ -9,10 +9,11 @@ times) stands in for it, marked derived.
 ``goodput = productive ÷ wall``: *wall* runs from the first process's start (or the first fit's
 start, where the process start is unknown) to the last fit's end; *productive* is the step time
 of every fit (the logger's clock: validation and epoch starts left out) less the time spent
-waiting for input, less the steps trained twice (a fit that resumed behind a step an earlier
-fit had reached: the earlier fit's work on them was lost). The losses are itemised, each
-figure marked measured or derived, and what the items do not explain (hooks of other
-callbacks, checkpoint saves between steps, a process's teardown) is left as ``other``.
+waiting for input, less the checkpoint saves made between steps (``PreemptionCheckpoint``'s
+periodic saves, timed by the checkpoint), less the steps trained twice (a fit that resumed
+behind a step an earlier fit had reached: the earlier fit's work on them was lost). The losses
+are itemised, each figure marked measured or derived, and what the items do not explain (hooks
+of other callbacks, a process's teardown) is left as ``other``.
 
 Example:
 >>> fit = FitLedger(fit_begin=100.0, fit_end=160.0, process_start=90.0, first_step=0,
@@ -59,6 +60,9 @@ class FitLedger:
         derived: True for a stand-in read from a killed fit's event file.
         train_begin: when ``on_train_begin`` ran (Keras adapts the data and makes the
             iterator between the call and it); None when unknown.
+        checkpoint_save_seconds: the periodic checkpoint saves made between the fit's steps
+            while the step clock ran (timed by the ``PreemptionCheckpoint`` of the same ``fit``
+            call; left out of the productive time); 0 without one.
     """
 
     fit_begin: float
@@ -74,6 +78,7 @@ class FitLedger:
     worker: int = 0
     derived: bool = False
     train_begin: float | None = None
+    checkpoint_save_seconds: float = 0.0
 
     def to_json(self) -> str:
         """The ledger as the JSON text the logger writes into its ``global`` run."""
@@ -105,7 +110,7 @@ class Loss:
 
     Attributes:
         name: ``startup``, ``restarts``, ``epoch_starts``, ``validation``, ``input_wait``,
-            ``steps_trained_twice``, ``after_last_step`` or ``other``.
+            ``checkpoint_saves``, ``steps_trained_twice``, ``after_last_step`` or ``other``.
         seconds: how long.
         kind: ``"measured"`` (read from a clock) or ``"derived"`` (computed from other figures).
         note: what it holds, in words.
@@ -124,7 +129,8 @@ class Goodput:
     Attributes:
         goodput: ``productive_seconds / wall_seconds`` (0 when the wall time is 0).
         wall_seconds: from the first start to the last end.
-        productive_seconds: the training steps' time, less input waits and lost steps.
+        productive_seconds: the training steps' time, less input waits, checkpoint saves
+            between steps and lost steps.
         losses: the itemised rest, ``other`` last.
         fits: how many fits the job had; ``restarts`` is one less.
         notes: what is unknown or approximate.
@@ -203,6 +209,11 @@ LOSSES: dict[str, tuple[Kind, str]] = {
     ),
     "validation": ("measured", "evaluate inside fit (validation_data)"),
     "input_wait": ("measured", "steps waiting for their next batch"),
+    "checkpoint_saves": (
+        "measured",
+        "PreemptionCheckpoint's periodic saves while the steps' clock ran (one at an epoch's "
+        "end counts in epoch_starts, one after the last step or at a notice after it)",
+    ),
     "steps_trained_twice": (
         "derived",
         "steps a resumed run trained again (an older checkpoint), at their mean time",
@@ -213,8 +224,8 @@ LOSSES: dict[str, tuple[Kind, str]] = {
     ),
     "other": (
         "derived",
-        "the wall time the items above do not hold: other callbacks' hooks, checkpoint saves "
-        "between steps, the program's own time between fits",
+        "the wall time the items above do not hold: other callbacks' hooks, the program's own "
+        "time between fits",
     ),
 }
 """Each loss: whether it is measured or derived, and what it holds (in the report's order)."""
@@ -249,7 +260,8 @@ def job_goodput(ledgers: Sequence[FitLedger]) -> Goodput:
     wall = max(0.0, max(f.fit_end for f in ordered) - ordered[0].started)
     twice = _twice(ordered)
     waited = sum(f.input_wait_seconds or 0.0 for f in ordered)
-    productive = max(0.0, sum(f.step_seconds for f in ordered) - waited - twice)
+    saves = sum(f.checkpoint_save_seconds for f in ordered)
+    productive = max(0.0, sum(f.step_seconds for f in ordered) - waited - saves - twice)
     startup, gaps = _startup_and_gaps(ordered)
     seconds = {
         "startup": startup,
@@ -257,6 +269,7 @@ def job_goodput(ledgers: Sequence[FitLedger]) -> Goodput:
         "epoch_starts": sum(sum(f.epoch_start_seconds[1:]) for f in ordered),
         "validation": sum(f.validation_seconds for f in ordered),
         "input_wait": waited,
+        "checkpoint_saves": saves,
         "steps_trained_twice": twice,
         "after_last_step": sum(f.after_last_step_seconds for f in ordered),
     }

@@ -1,16 +1,15 @@
 """``tfdp-utils report LOGDIR``: throughput figures from the event files a ThroughputLogger wrote.
 
-Reads the runs under ``LOGDIR`` (every record, checksums checked) and prints a table
-(median / min / max examples/s per run, replica skew, workers), or JSON with ``--json``;
-``--plot PATH`` also draws examples/s per run over steps into a PNG (needs matplotlib:
+Reads the runs under ``LOGDIR`` (every record, checksums checked) and prints a table (median /
+min / max examples/s per run, replica skew, workers), or JSON with ``--json``; ``--plot PATH``
+also draws examples/s per run over steps (and the job's goodput) into a PNG (needs matplotlib:
 ``pip install 'tfdp-utils[report]'``). Event files whose records fail their checksums are
-reported as corrupt (exit status 1). Runs cut short (an event file that ends inside a record,
-or runs of one job that end at different steps or disagree on the examples trained), derived
-counts and steps that go back (a fit that resumed behind a step an earlier fit logged: a job
-killed without notice and resumed from an older checkpoint) are marked in the table, the JSON
-and the plot. ``--csv PATH`` and
-``--windows-json PATH`` write every logged point (:mod:`tfdp_utils.throughput._export`). Reading
-needs no TensorFlow import.
+reported as corrupt (exit status 1). Runs cut short (an event file that ends inside a record, or
+runs of one job that end at different steps or disagree on the examples trained), derived counts
+and steps that go back (a fit that resumed behind a step an earlier fit logged: a job killed
+without notice and resumed from an older checkpoint) are marked in the table, the JSON and the
+plot. ``--csv PATH`` and ``--windows-json PATH`` write every logged point
+(:mod:`tfdp_utils.throughput._export`). Reading needs no TensorFlow import.
 """
 
 from __future__ import annotations
@@ -155,7 +154,11 @@ def format_table(summary: dict[str, Any]) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``LOGDIR``, ``--plot``, ``--json``, ``--csv`` and ``--windows-json`` to ``parser``."""
     parser.add_argument("logdir", metavar="LOGDIR", help="the log_dir given to ThroughputLogger")
-    parser.add_argument("--plot", metavar="PATH", help="also write examples/s per run as a PNG")
+    parser.add_argument(
+        "--plot",
+        metavar="PATH",
+        help="also write examples/s per run and the job's goodput as a PNG",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument(
         "--csv",

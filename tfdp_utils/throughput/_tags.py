@@ -102,6 +102,7 @@ GOODPUT_LOSSES = (
     "epoch_starts",
     "validation",
     "input_wait",
+    "checkpoint_saves",
     "steps_trained_twice",
     "after_last_step",
     "other",

@@ -118,6 +118,11 @@ class _FitState:
         with model.distribute_strategy.scope():
             self.accumulator = GradientAccumulator(model.trainable_variables)
 
+    @property
+    def variables(self) -> list[Any]:
+        """The accumulators' variables (a step between two updates changes them)."""
+        return [*self.accumulator.sums, self.accumulator.examples]
+
     def batches_trained(self, optimizer: Any) -> int:
         """The updates' batches and the batches pending in the accumulators."""
         pending = round(float(self.accumulator.examples.numpy()))

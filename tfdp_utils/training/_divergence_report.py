@@ -36,6 +36,21 @@ def worker_of(replica: int, *, local_replicas: int) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
+class ReplicaExamples:
+    """The examples one replica received in the step, for a builder dataset over a sized source.
+
+    Attributes:
+        replica: the global replica id.
+        indices: the examples' indices in the source, in the order the replica received them.
+        non_finite: those of them whose values (after ``map_fn``) hold an inf or NaN.
+    """
+
+    replica: int
+    indices: tuple[int, ...]
+    non_finite: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
 class Divergence:
     """The first step whose loss or gradients were not finite on some replica.
 
@@ -49,6 +64,10 @@ class Divergence:
         variable: the variable whose gradient went non-finite first in backpropagation order
             on the first replica named (None when only the loss was non-finite).
         policy: ``"stop"`` or ``"skip"``.
+        examples: for each replica named that this worker runs, the source indices of the
+            examples it received in that step and which of them hold a non-finite value
+            (a dataset from ``build_distributed_dataset`` over arrays or a sized source).
+        examples_unknown: why ``examples`` is empty, in words ("" when it is not).
     """
 
     epoch: int
@@ -59,6 +78,29 @@ class Divergence:
     loss_replicas: tuple[int, ...]
     variable: str | None
     policy: str
+    examples: tuple[ReplicaExamples, ...] = ()
+    examples_unknown: str = ""
+
+    @property
+    def non_finite_examples(self) -> tuple[int, ...]:
+        """The source indices of the examples named that hold an inf or NaN, sorted."""
+        return tuple(sorted({i for part in self.examples for i in part.non_finite}))
+
+    def _examples_text(self) -> str:
+        if self.examples_unknown:
+            return f" Its examples are not named: {self.examples_unknown}."
+        parts = []
+        for part in self.examples:
+            bad = (
+                f"; non-finite values in examples {list(part.non_finite)}"
+                if part.non_finite
+                else "; none of them holds a non-finite value"
+            )
+            parts.append(
+                f" Replica {part.replica} received source examples "
+                f"{_index_list(part.indices)}{bad}."
+            )
+        return "".join(parts)
 
     def describe(self) -> str:
         """One paragraph for the log."""
@@ -84,7 +126,13 @@ class Divergence:
             if self.policy == "stop"
             else "Its update was skipped on every replica."
         )
-        return f"non-finite {what} at {where} on {who}{variable}. {done}"
+        return f"non-finite {what} at {where} on {who}{variable}.{self._examples_text()} {done}"
+
+
+def _index_list(indices: Sequence[int], *, shown: int = 16) -> str:
+    listed = ", ".join(str(i) for i in indices[:shown])
+    more = f", ... ({len(indices)} in all)" if len(indices) > shown else ""
+    return f"[{listed}{more}]"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,11 +1,14 @@
 """The optimizer update, guarded inside the step: a non-finite loss or gradient is never applied.
 
 :class:`GuardedUpdate` replaces ``apply_gradients`` on one optimizer object (never its class;
-recorded as the ``divergence-guard`` change). Each replica checks its own loss and gradients
-for inf/NaN before the update; one all-reduce of a small vector (3 figures per replica: bad,
-loss bad, the variable) makes every replica of every worker agree, so the update is applied
-on all replicas or on none (the Keras update runs in a ``tf.cond`` taken in the cross-replica
-context, as tf.distribute requires of a branch that synchronises). What happened stays in
+recorded as the ``divergence-guard`` change). Each replica adds up its loss and the sum of each
+gradient and checks that one figure for inf/NaN (any inf or NaN makes it non-finite); over
+several replicas one scalar all-reduce makes every replica of every worker agree. Then one
+conditional with three branches, taken in the cross-replica context (as tf.distribute requires
+of a branch that synchronises): the update; a weight checksum, then the update; or the rare
+step, non-finite somewhere (or after the guard halted), which applies no update and alone
+works out who went bad and where (per replica: the loss, the variable whose gradient went
+non-finite first; one all-reduce of three figures per replica). What happened stays in
 replica-local variables the host reads when it likes: no host sync per step.
 
 Every ``check_replicas_every`` steps (and at the guard's first step), before the update, each
@@ -46,7 +49,8 @@ class GuardReading:
         halted: the guard applies no more updates (policy "stop" after a non-finite step, or
             more skipped steps than allowed).
         checked_at: the guard step before whose update the last checksums were taken, -1.
-        checksums: per local replica, per variable, ``(sum, sum of squares)``.
+        checksums: per local replica, per variable, ``(sum, sum of squares)`` (empty when
+            not read: no newer than the caller's last).
     """
 
     steps: int
@@ -106,6 +110,8 @@ class GuardedUpdate:
         policy: ``"stop"`` (no update after the first non-finite step) or ``"skip"``.
         max_skipped_steps: under ``"skip"``, more skipped steps than this halt the updates.
         check_replicas_every: steps between weight checksums (the first step included).
+        snapshot: keep each replica's weights of the first non-finite step (before its
+            update, which is not applied) in replica-local copies, for ``directory=``.
     """
 
     def __init__(
@@ -117,6 +123,7 @@ class GuardedUpdate:
         policy: str,
         max_skipped_steps: int,
         check_replicas_every: int,
+        snapshot: bool = False,
     ) -> None:
         self.optimizer, self.strategy, self.policy = optimizer, strategy, policy
         self.max_skipped_steps = max_skipped_steps
@@ -134,6 +141,12 @@ class GuardedUpdate:
             self.checksums = _replica_local(tf.zeros([count, 2], tf.float64), "guard_checksums")
             # Halting is for a fit the guard reads: a later fit without it is never held still.
             self.active = _replica_local(tf.constant(False), "guard_active")
+            # False once halted: every step then takes the rare branch, without an update.
+            self.open = _replica_local(tf.constant(True), "guard_open")
+            self.before = [
+                _replica_local(tf.zeros(tuple(v.shape), tf.as_dtype(v.dtype)), "guard_before")
+                for v in (variables if snapshot else ())
+            ]
 
     # --- installing -------------------------------------------------------------------
 
@@ -182,6 +195,8 @@ class GuardedUpdate:
     def _set_active(self, active: bool) -> None:
         for local in self.strategy.experimental_local_results(self.active):
             local.assign(tf.constant(active))
+        for local in self.strategy.experimental_local_results(self.open):
+            local.assign(tf.constant(True))
 
     def steps_seen(self) -> int:
         """Steps the guard has seen since it was last reset (waits for the steps dispatched)."""
@@ -193,33 +208,118 @@ class GuardedUpdate:
 
     # --- inside the step (replica context) ----------------------------------------------
 
-    def _loss_flag(self) -> Any:
+    def _take_loss(self) -> Any:
         loss = self._losses.pop(threading.get_ident(), None)
         graph = tf.compat.v1.get_default_graph()
-        if loss is None or getattr(loss, "graph", None) is not graph:
-            return tf.constant(False)
-        return _not_finite(loss)
+        return loss if loss is not None and getattr(loss, "graph", None) is graph else None
 
     def _guarded_apply(self, pairs: list[Any], apply: Any) -> None:
+        """The step's few ops: one finite check of a sum of sums, then one ``tf.switch_case``.
+
+        Every step pays for a sum per gradient, their ``add_n`` and one ``is_finite`` (an inf or
+        NaN anywhere makes the sum non-finite; so would a sum past 3e38, which no trainable
+        gradient reaches), a scalar all-reduce over several replicas, and one conditional with
+        three branches: update, checksum then update, or the rare non-finite (or halted) step,
+        which alone works out what went wrong where.
+        """
         if len(pairs) != len(self.names):
             raise ValueError(
                 f"DivergenceGuard watches {len(self.names)} variables of this optimizer, but "
                 f"the step applies gradients to {len(pairs)}. Compile the model before fit, "
                 "and let the guard see the model that fit trains."
             )
-        step, skipped, first = tf.unstack(self.counters.read_value())
-        self._checksum(step, [variable for _, variable in pairs])
-        loss_bad = self._loss_flag()
-        # One sum per gradient: an inf or NaN anywhere makes it non-finite (so would a sum past
-        # 3e38, which no trainable gradient reaches); one is_finite over the sums.
-        sums = [tf.constant(0.0) if g is None else _sum(g) for g, _ in pairs]
-        bad_vars = tf.logical_not(tf.math.is_finite(tf.stack(sums)))
-        index = tf.reduce_max(tf.where(bad_vars, tf.range(1, len(pairs) + 1), 0))
-        bad = loss_bad if self.loss_scaling else tf.logical_or(loss_bad, index > 0)
-        figures = tf.cast(
-            tf.stack([tf.cast(bad, tf.int32), tf.cast(loss_bad, tf.int32), index]), tf.float32
+        loss = self._take_loss()
+        present = [i for i, (g, _) in enumerate(pairs) if g is not None]
+        gradients = [pairs[i][0] for i in present]
+        watched = [] if self.loss_scaling else [_sum(g) for g in gradients]
+        if loss is not None:
+            watched.append(tf.cast(tf.reduce_sum(loss), tf.float32))
+        total = tf.add_n(watched) if len(watched) > 1 else (watched or [tf.constant(0.0)])[0]
+        finite = tf.math.is_finite(total)
+        finite_everywhere = finite
+        if self.replicas > 1:
+            agreeing = tf.distribute.get_replica_context().all_reduce(
+                tf.distribute.ReduceOp.SUM, tf.cast(finite, tf.float32)
+            )
+            finite_everywhere = agreeing > self.replicas - 0.5
+        step = self.counters.read_value()[0]
+        due = tf.cast(tf.equal(step % self.check_replicas_every, 0), tf.int32)
+        branch = tf.where(tf.logical_and(finite_everywhere, self.open.read_value()), due, 2)
+        has_loss = loss is not None
+
+        def cross_replica(distribution: Any, *args: Any) -> None:
+            # Python values by closure (thread 0's), tensors as merge_call's per-replica args.
+            self._cross_replica(distribution, args, present, pairs, apply, has_loss=has_loss)
+
+        tf.distribute.get_replica_context().merge_call(
+            cross_replica,
+            args=(branch, finite, tf.constant(0.0) if loss is None else loss, gradients),
         )
-        any_bad, total = bad, figures
+
+    def _cross_replica(
+        self,
+        distribution: Any,
+        tensors: tuple[Any, Any, Any, list[Any]],
+        present: list[int],
+        pairs: list[Any],
+        apply: Any,
+        *,
+        has_loss: bool,
+    ) -> None:
+        branch, finite, loss, gradients = tensors
+        variables = [variable for _, variable in pairs]
+
+        def update(gradients: list[Any], checksum: bool) -> None:
+            if checksum:
+                self._take_checksum(variables)
+            given = dict(zip(present, gradients, strict=True))
+            apply([(given.get(i), v) for i, (_, v) in enumerate(pairs)])
+            self.counters.assign_add(tf.constant([1, 0, 0], tf.int64))
+
+        def rare(finite: Any, loss: Any, gradients: list[Any]) -> None:
+            given = dict(zip(present, gradients, strict=True))
+            every = [given.get(i) for i in range(len(pairs))]
+            self._rare_step(finite, loss if has_loss else None, every, variables)
+
+        def each(function: Any, *args: Any) -> Any:
+            def run() -> Any:
+                distribution.extended.call_for_each_replica(function, args=args)
+                return tf.constant(True)
+
+            return run
+
+        tf.switch_case(
+            distribution.experimental_local_results(branch)[0],
+            [
+                each(update, gradients, False),
+                each(update, gradients, True),
+                each(rare, finite, loss, gradients),
+            ],
+        )
+
+    def _take_checksum(self, variables: list[Any]) -> None:
+        self.checksums.assign(weight_checksums(variables))
+        self.checked_at.assign(self.counters.read_value()[0])
+
+    def _rare_step(
+        self, finite: Any, loss: Any, gradients: list[Any], variables: list[Any]
+    ) -> None:
+        """A replica's side of a step some replica found non-finite, or of a halted guard: no
+        update; record who went bad and where (the first such step), count it, maybe halt."""
+        step, skipped, first = tf.unstack(self.counters.read_value())
+        due = tf.equal(step % self.check_replicas_every, 0)
+        tf.cond(due, lambda: self._checksum_now(variables), lambda: tf.constant(False))
+        loss_bad = tf.constant(False) if loss is None else _not_finite(loss)
+        sums = [tf.constant(0.0) if g is None else _sum(g) for g in gradients]
+        bad_vars = tf.logical_not(tf.math.is_finite(tf.stack(sums)))
+        index = tf.reduce_max(tf.where(bad_vars, tf.range(1, len(sums) + 1), 0))
+        figures = tf.cast(
+            tf.stack(
+                [tf.cast(tf.logical_not(finite), tf.int32), tf.cast(loss_bad, tf.int32), index]
+            ),
+            tf.float32,
+        )
+        any_bad, total = tf.logical_not(finite), figures
         if self.replicas > 1:  # every replica's 3 figures at its place, summed over all
             context = tf.distribute.get_replica_context()
             hot = tf.one_hot(context.replica_id_in_sync_group, self.replicas)
@@ -227,59 +327,60 @@ class GuardedUpdate:
                 tf.distribute.ReduceOp.SUM, tf.reshape(figures[:, None] * hot[None, :], [-1])
             )
             any_bad = tf.reduce_sum(total[: self.replicas]) > 0
-        stop = self.policy == "stop"
-        limit = first >= 0 if stop else skipped > self.max_skipped_steps
-        halted = tf.logical_and(self.active.read_value(), limit)
+        halted = tf.logical_not(self.open.read_value())
         first_now = tf.logical_and(any_bad, first < 0)
+        if self.before:
+            self._snapshot(first_now, variables)
         self.record.assign(tf.where(first_now, total, self.record.read_value()))
         counted = tf.cast(tf.logical_and(any_bad, tf.logical_not(halted)), tf.int64)
-        self.counters.assign(
-            tf.stack([step + 1, skipped + counted, tf.where(first_now, step, first)])
-        )
-        self._apply_where(tf.logical_not(tf.logical_or(any_bad, halted)), pairs, apply)
+        skipped, first = skipped + counted, tf.where(first_now, step, first)
+        self.counters.assign(tf.stack([step + 1, skipped, first]))
+        limit = first >= 0 if self.policy == "stop" else skipped > self.max_skipped_steps
+        self.open.assign(tf.logical_not(tf.logical_or(halted, self._halting(limit))))
 
-    def _checksum(self, step: Any, variables: list[Any]) -> None:
+    def _halting(self, limit: Any) -> Any:
+        return tf.logical_and(self.active.read_value(), limit)
+
+    def _checksum_now(self, variables: list[Any]) -> Any:
+        self._take_checksum(variables)
+        return tf.constant(True)
+
+    def _snapshot(self, now: Any, variables: list[Any]) -> None:
         def take() -> Any:
-            self.checksums.assign(weight_checksums(variables))
-            self.checked_at.assign(step)
+            for copy, variable in zip(self.before, variables, strict=True):
+                copy.assign(tf.convert_to_tensor(variable))
             return tf.constant(True)
 
-        # Replica-local writes only: a tf.cond in the replica context needs no merge_call.
-        tf.cond(step % self.check_replicas_every == 0, take, lambda: tf.constant(False))
+        tf.cond(now, take, lambda: tf.constant(False))
 
-    def _apply_where(self, run: Any, pairs: list[Any], apply: Any) -> None:
-        """Apply the Keras update on every replica when ``run`` (equal on all) holds."""
-        present = [i for i, (g, _) in enumerate(pairs) if g is not None]
-        gradients = [pairs[i][0] for i in present]
-
-        def cross_replica(distribution: Any, run: Any, gradients: list[Any]) -> None:
-            decision = distribution.experimental_local_results(run)[0]
-
-            def branch(gradients: list[Any]) -> None:
-                given = dict(zip(present, gradients, strict=True))
-                apply([(given.get(i), v) for i, (_, v) in enumerate(pairs)])
-
-            tf.cond(
-                decision,
-                lambda: distribution.extended.call_for_each_replica(branch, args=(gradients,)),
-                lambda: None,
-            )
-
-        tf.distribute.get_replica_context().merge_call(cross_replica, args=(run, gradients))
+    def weights_before(self, local_replica: int) -> list[Any]:
+        """Local replica ``local_replica``'s weights of the first non-finite step (numpy)."""
+        local = self.strategy.experimental_local_results
+        return [local(copy)[local_replica].numpy() for copy in self.before]
 
     # --- on the host --------------------------------------------------------------------
 
-    def read(self) -> GuardReading:
-        """The guard's figures after the steps dispatched so far (waits for them)."""
+    def read(self, *, checksums_after: int = -2) -> GuardReading:
+        """The guard's figures after the steps dispatched so far (waits for them).
+
+        Args:
+            checksums_after: read the checksums only when they were taken after this guard
+                step (one device read fewer at most reads); the default reads them always.
+        """
         local = self.strategy.experimental_local_results
-        record = [float(v) for v in local(self.record)[0].numpy()]
-        count = self.replicas
-        bad = tuple(r for r in range(count) if record[r] > 0)
-        sums = tuple(
-            tuple((float(row[0]), float(row[1])) for row in part.numpy())
-            for part in local(self.checksums)
-        )
         steps, skipped, first = (int(v) for v in local(self.counters)[0].numpy())
+        checked_at = int(local(self.checked_at)[0].numpy())
+        count = self.replicas
+        record = [0.0] * (3 * count)
+        if first >= 0:  # written by the same step, before the counters
+            record = [float(v) for v in local(self.record)[0].numpy()]
+        bad = tuple(r for r in range(count) if record[r] > 0)
+        sums: tuple[tuple[tuple[float, float], ...], ...] = ()
+        if checked_at > checksums_after:
+            sums = tuple(
+                tuple((float(row[0]), float(row[1])) for row in part.numpy())
+                for part in local(self.checksums)
+            )
         halted = first >= 0 if self.policy == "stop" else skipped > self.max_skipped_steps
         return GuardReading(
             steps=steps,
@@ -289,6 +390,6 @@ class GuardedUpdate:
             loss_replicas=tuple(r for r in bad if record[count + r] > 0),
             variables={r: int(record[2 * count + r]) - 1 for r in bad},
             halted=halted,
-            checked_at=int(local(self.checked_at)[0].numpy()),
+            checked_at=checked_at,
             checksums=sums,
         )
