@@ -37,6 +37,11 @@ _FACTORS = {
 _WHERE = ("callback", "input", "validation")
 ROWS = [(job.Settings(**row), _WHERE[i % len(_WHERE)]) for i, row in enumerate(all_pairs(_FACTORS))]
 AT = 9  # the batch (from the job's start) after which the cell parks: 3 of epoch 2
+# An input cell fits longer than the job's 3 epochs: the pipeline runs ahead of the loop (a
+# shuffle buffer of 64 examples, prefetching, one iterator across epochs for data of unknown
+# size), and with 3 epochs all it still had to read after batch AT fits in that lead, so under
+# load it could read to the end before the loop reached AT and never block.
+INPUT_EPOCHS = 8
 
 
 def _in_call(frame: Any) -> bool:
@@ -105,13 +110,16 @@ def _phase_when_parked(
 
     def train() -> None:
         try:
-            job.fit(cell, data, callbacks, validation=validation)
+            epochs = INPUT_EPOCHS if where == "input" else job.EPOCHS
+            job.fit(cell, data, callbacks, validation=validation, epochs=epochs)
         except BaseException as error:  # reported by the test
             errors.append(error)
 
     thread = threading.Thread(target=train, daemon=True)
     thread.start()
-    assert parked.wait(120), f"the cell never parked ({errors})"
+    if not parked.wait(120):
+        state = "still running" if thread.is_alive() else "ended"
+        raise AssertionError(f"the cell never parked (fit {state}, {counter.done} batches, {errors})")
     # As the watchdog does: a phase counts once it lasted (the same anchor over 1.2 s: four
     # samples 0.3 s apart); the loop may still train on batches fetched before the pipeline
     # blocked, and under load a passing phase (a garbage collection destroying an iterator
