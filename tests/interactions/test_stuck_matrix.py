@@ -119,7 +119,7 @@ def _phase_when_parked(
     thread.start()
     if not parked.wait(120):
         state = "still running" if thread.is_alive() else "ended"
-        raise AssertionError(f"the cell never parked (fit {state}, {counter.done} batches, {errors})")
+        raise AssertionError(f"the cell never parked ({state}, {counter.done} batches, {errors})")
     # As the watchdog does: a phase counts once it lasted (the same anchor over 1.2 s: four
     # samples 0.3 s apart); the loop may still train on batches fetched before the pipeline
     # blocked, and under load a passing phase (a garbage collection destroying an iterator
