@@ -164,12 +164,15 @@ def time_stages(
 ) -> dict[int, float | None]:
     """Examples per second of each cut stage, in ``seconds`` in all: two interleaved passes,
     the faster kept per stage (load only slows a window; one spike in a stage's only window
-    named the next stage as the slow one). Written into ``into`` as they come, when given
-    (a caller that stops waiting keeps those timed so far); no stage is started once ``stop``
-    is set."""
+    named the next stage as the slow one). Written into ``into`` when given (a caller that
+    stops waiting keeps those timed so far): the first pass's rates as they come, a later
+    pass's only once it timed every stage (a pass cut short would leave the stages it reached
+    with two windows and the rest with one, and a spike in one of those would stand out as
+    the slow stage); no stage is started once ``stop`` is set."""
     timed: dict[int, float | None] = into if into is not None else {}
     timed.update(dict.fromkeys(range(len(stages))))
-    for _ in range(STAGE_PASSES):
+    for passed in range(STAGE_PASSES):
+        window: dict[int, float | None] = timed if passed == 0 else {}
         for index, examples in cuts:
             if stop is not None and stop.is_set():
                 return timed
@@ -181,6 +184,10 @@ def time_stages(
                 limit=limit,
                 seconds=seconds / max(1, STAGE_PASSES * len(cuts)),
             )
+            best = window.get(index)
+            if rate is not None and (best is None or rate > best):
+                window[index] = rate
+        for index, rate in window.items():
             best = timed[index]
             if rate is not None and (best is None or rate > best):
                 timed[index] = rate
