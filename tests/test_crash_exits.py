@@ -27,6 +27,8 @@ from support.processes import (
     wait_all,
 )
 
+from tfdp_utils._exit_barrier import DEFAULT_BOUND
+
 JOB = r"""
 import os, signal, sys, time
 # As a program started from a terminal: a test runner started in the background may pass
@@ -253,8 +255,11 @@ def test_a_worker_whose_peer_was_killed_still_exits_0_within_seconds() -> None:
         for process in processes:
             process.close()
     assert status == 0, out
-    assert seconds < 8.0, f"exited {seconds:.1f} s after its peer was killed"
+    # The barrier's own account says the probe found the peer gone; the clock only has to
+    # tell that from waiting out the 60-s bound (its teardown after the barrier took 9.9 s
+    # beside 12 busy processes, 2-4 s alone).
     assert result_line(Outcome(status, out, ""), "BARRIER")["outcome"] == ["gone", [1]]
+    assert seconds < 0.5 * DEFAULT_BOUND, f"exited {seconds:.1f} s after its peer was killed"
 
 
 def _tails_now(processes: list[Process]) -> str:
