@@ -280,8 +280,8 @@ def spec_batch(epoch_iterator: Any) -> Any:
     anything else.
 
     Keras 3 otherwise builds the model from a batch of an iterator made for it and thrown
-    away: on a resume, the whole positioned pipeline instantiated and its first batch read
-    twice (0.23-0.42 s of a resume's 1.7-3.0 s, profiled in ``benchmarks/elastic.py``)."""
+    away: on a resume, the whole positioned pipeline started and its first batch read twice
+    (the build took 0.41-0.51 s instead of 0.10-0.11 s, ``benchmarks/README.md``)."""
     dataset: Any = getattr(epoch_iterator, "_distributed_dataset", None)
     stream = _replaced(dataset) is not None or position_of_stream(dataset) is not None
     if not stream and not learned_steps.is_target(dataset):
