@@ -30,6 +30,8 @@ and op determinism; a layer inside the model counts the example ids each worker 
         # the data side of a resume on 1 process (fresh processes), /tmp/old beside this
     python benchmarks/elastic.py --against /tmp/old --sizes 2,4,8 --runs 2
         # stops only, /tmp/old's tfdp_utils beside this checkout's, alternating (ABBA)
+    python benchmarks/elastic.py --curve --files --sizes 1,2 --repeats 4 --against /tmp/old
+        # the resumes with /tmp/old's tfdp_utils beside this checkout's, all four alternating
 
 3. ``--files``: the curve's jobs read the ids from 4 text files of 36 lines
    (``count_examples=True``, ``shard_policy='auto'``: FILE on 2 and 4 workers, one process
@@ -431,8 +433,11 @@ def against(root: Path, before: str, sizes: tuple[int, ...], runs: int) -> dict[
     }
 
 
-def curve(root: Path, sizes: tuple[int, ...], repeats: int) -> dict[str, Any]:
-    """Stops on each N, resumes of N on N/2 (new shape) and of N/2 on N/2 (same shape)."""
+def curve(
+    root: Path, sizes: tuple[int, ...], repeats: int, before: str | None = None
+) -> dict[str, Any]:
+    """Stops on each N, resumes of N on N/2 (new shape) and of N/2 on N/2 (same shape);
+    with ``before`` (a tree), each resume also with that tree's tfdp_utils, all alternating."""
     stops: dict[int, Any] = {}
     for workers in sizes:
         logs = run_job(root, f"stop-{workers}", root / f"stop-{workers}", workers, [1, 2])
@@ -445,16 +450,17 @@ def curve(root: Path, sizes: tuple[int, ...], repeats: int) -> dict[str, Any]:
             half = workers // 2
             if half not in stops:
                 continue
-            kinds = [("same", half), ("new", workers)]
-            for kind, source in kinds if repeat % 2 == 0 else kinds[::-1]:  # ABBA
-                tag = f"resume-{kind}-{half}-{repeat}"
+            trees = [("", None)] + ([("before ", before)] if before else [])
+            kinds = [(t, k, s) for t in trees for k, s in (("same", half), ("new", workers))]
+            for (label, tree), kind, source in kinds if repeat % 2 == 0 else kinds[::-1]:  # ABBA
+                tag = f"resume-{label.strip() or 'this'}-{kind}-{half}-{repeat}"
                 shutil.copytree(root / f"stop-{source}", root / tag)
-                logs = run_job(root, tag, root / tag, half)
+                logs = run_job(root, tag, root / tag, half, tree=tree)
                 _statuses(logs, 0, tag)
                 figures = _resume_figures(logs)
                 figures["ids_once"] = _ids_once(stops[source]["logs"], logs)
-                resumes.setdefault(f"{kind} {half}", []).append(figures)
-                print(f"resume {kind} on {half} (from {source}): {figures}", flush=True)
+                resumes.setdefault(f"{label}{kind} {half}", []).append(figures)
+                print(f"resume {label}{kind} on {half} (from {source}): {figures}", flush=True)
     return {"stops": {n: s["figures"] for n, s in stops.items()}, "resumes": resumes}
 
 
@@ -642,7 +648,8 @@ def main() -> None:
     parser.add_argument(
         "--against",
         metavar="TREE",
-        help="only stops, each N with TREE's tfdp_utils and this checkout's, alternating",
+        help="only stops, each N with TREE's tfdp_utils and this checkout's, alternating "
+        "(with --curve: the resumes, with both trees)",
     )
     parser.add_argument(
         "--sizes", default=None, help="numbers of workers (default 1,2,4,8; 1,2,4 with --files)"
@@ -664,7 +671,7 @@ def main() -> None:
             built = build_cost(Path(folder), trees, max(2, args.runs))
         print("RESULT " + json.dumps({"build": built}), flush=True)
         return
-    if args.against:
+    if args.against and not args.curve:
         with tempfile.TemporaryDirectory() as folder:
             result = against(Path(folder), args.against, sizes, args.runs)
         result["keras"] = "tf_keras" if os.environ.get("TF_USE_LEGACY_KERAS") else "keras3"
@@ -686,16 +693,19 @@ def main() -> None:
             result["chain"] = chain(root)
             print("chain:", json.dumps(result["chain"]), flush=True)
         if args.curve or both:
-            result["curve"] = curve(root, sizes, args.repeats)
+            result["curve"] = curve(root, sizes, args.repeats, args.against)
     pairs = result.get("curve", {}).get("resumes", {})
     ratios = {}
-    for half in (1, 2, 4):
-        if f"new {half}" in pairs and f"same {half}" in pairs:
-            new, same = (
-                statistics.median(f["fit_to_first_step_s"] for f in pairs[f"{kind} {half}"])
-                for kind in ("new", "same")
-            )
-            ratios[half] = round(new / same, 3)
+    for label in ("", "before "):
+        for half in (1, 2, 4):
+            if f"{label}new {half}" in pairs and f"{label}same {half}" in pairs:
+                new, same = (
+                    statistics.median(
+                        f["fit_to_first_step_s"] for f in pairs[f"{label}{kind} {half}"]
+                    )
+                    for kind in ("new", "same")
+                )
+                ratios[f"{label}{half}"] = round(new / same, 3)
     if ratios:
         result["new_over_same"] = ratios
     print("RESULT " + json.dumps(result), flush=True)

@@ -9,6 +9,8 @@ steps Keras ran per epoch (a callback), and every distributed iterator made duri
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import threading
 import warnings
 from collections.abc import Iterator
@@ -237,6 +239,46 @@ def test_fit_trains_every_example_once_per_epoch_through_one_iterator(
     # The logger counted with the dataset passed: exactly the ids the model saw.
     assert logger.summary()["examples"] == n * epochs
     assert logger.summary()["exact"]
+
+
+@pytest.mark.keras
+@pytest.mark.skipif(not IS_KERAS3, reason="Keras 3's symbolic build (tf_keras has none)")
+def test_a_resumed_fit_builds_the_model_without_an_iterator_of_its_own(
+    iterators: list[Any], tmp_path: Path
+) -> None:
+    """PreemptionCheckpoint's positioned stream (a resume mid-epoch): Keras 3 builds the model
+    from its element spec, so the stream's pipeline is started once, not once more for a
+    batch read and thrown away."""
+    n = 29
+    strategy = _strategy(2)
+    dist = _dataset("files", strategy, n, tmp_path)
+    steps = dist.tfdp_info.steps_per_epoch
+
+    class Notice(keras.callbacks.Callback):  # type: ignore[misc]
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            if batch == 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    stopped = tdu.callbacks.PreemptionCheckpoint(tmp_path / "job", exit=False)
+    _model(strategy, _Recorder()).fit(dist, epochs=2, callbacks=[Notice(), stopped], verbose=0)
+    assert stopped.saved_path is not None
+    iterators.clear()
+    recorder = _Recorder()
+    resumed = tdu.callbacks.PreemptionCheckpoint(tmp_path / "job", exit=False)
+    _model(strategy, recorder).fit(dist, epochs=2, callbacks=[resumed], verbose=0)
+    assert resumed.resumed_from == stopped.saved_path
+    assert len(iterators) == 1, f"{len(iterators)} distributed iterators for one resumed fit"
+    for replica_steps in recorder.steps.values():  # epoch 1's last steps, then epoch 2
+        assert len(replica_steps) == steps - 2 + steps
+    (last,) = _epochs_of(_last_steps(recorder, steps), steps, 1)
+    assert sorted(last) == list(range(n))
+
+
+def _last_steps(recorder: _Recorder, steps: int) -> _Recorder:
+    """The recorder's last ``steps`` steps of every replica."""
+    last = _Recorder()
+    last.steps = {replica: ids[-steps:] for replica, ids in recorder.steps.items()}
+    return last
 
 
 @contextlib.contextmanager

@@ -107,7 +107,8 @@ def _reference(recipe: object, rest: EpochRest, worker: int, workers: int) -> li
 
 
 CASES = [
-    (2, 2, 1, 0),  # 2 workers -> 1
+    (2, 2, 1, 0),  # 2 workers -> 1 (each stream kept whole from the rest's start)
+    (4, 2, 2, 0),  # 4 -> 2: each new worker takes 2 whole streams
     (2, 1, 3, 0),  # 2 -> 3: every new worker takes part of both streams' steps
     (4, 1, 3, 0),  # 4 -> 3
     (4, 2, 6, 0),  # 4 -> 6

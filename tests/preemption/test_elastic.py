@@ -231,3 +231,59 @@ def test_keras_3_executions_must_divide_the_rest_of_a_file_epoch() -> None:
     assert "the rest of an epoch of files sharded by file in 3 steps (from step 3 of 6" in message
     assert "steps_per_execution=2" in message
     assert "divides both 3 and 6 (e.g. 3)" in message
+
+
+BACKUP = "/mnt/backup"
+_FILES_2 = file_facts(2, [["a"], ["b", "c"]], [20, 28], steps_per_epoch=7)
+_FILES_1 = file_facts(1, [["a", "b", "c"]], [48], policy="off")
+
+
+@pytest.mark.parametrize(
+    ("before", "now", "in_rest", "positions", "refused"),
+    [
+        # Arrays (DATA): step k is the same global batch on any shape.
+        (facts(2, 2), facts(1, 1), False, ((1, 4),), False),
+        # FILE on another shape: mid-epoch refused, an epoch's start followed.
+        (_FILES_2, _FILES_1, True, ((1, 4),), True),
+        (_FILES_1, _FILES_2, True, ((1, 4),), True),
+        (_FILES_2, _FILES_1, True, ((2, 0),), False),
+        # An epoch's end by one shape's count, mid-epoch by the other's (7 and 6 steps).
+        (_FILES_2, _FILES_1, True, ((2, 0), (1, 6)), True),
+        # The shape the checkpoint was saved on, outside a rest: its own steps go on.
+        (_FILES_2, _FILES_2, False, ((1, 4),), False),
+        # Inside a rest laid out anew (a checkpoint saved during it), on its shape too.
+        (_FILES_1, _FILES_1, True, ((1, 4),), True),
+    ],
+    ids=[
+        "arrays",
+        "file-2-to-1",
+        "file-1-to-2",
+        "epoch-start",
+        "epoch-end-by-one-count",
+        "same-shape",
+        "in-a-rest",
+    ],
+)
+def test_a_newer_mid_epoch_backup_is_refused_where_its_step_names_other_examples(
+    before: dict[str, Any],
+    now: dict[str, Any],
+    in_rest: bool,
+    positions: tuple[tuple[int, int], ...],
+    refused: bool,
+) -> None:
+    def follow() -> None:
+        elastic.check_backup_position(
+            PATH, before, now, in_rest=in_rest, backup=BACKUP, positions=positions
+        )
+
+    if not refused:
+        follow()
+        return
+    with pytest.raises(ResumeMismatchError) as caught:
+        follow()
+    message = str(caught.value)
+    epoch, step = next(p for p in positions if p[1])
+    assert f"backup {BACKUP} (epoch {epoch + 1}, after step {step}) is newer than" in message
+    assert f"checkpoint {PATH} (saved on {elastic.Shape.of(before).describe()})" in message
+    assert f"this run is on {elastic.Shape.of(now).describe()}" in message
+    assert f"remove the backup folder {BACKUP}" in message

@@ -18,12 +18,13 @@ The job: ``tests/support/elastic_job.py``.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from support.elastic_job import EPOCHS, PREEMPTED, STEPS, N, run_job, write_files
+from support.elastic_job import DIED, EPOCHS, PREEMPTED, STEPS, N, run_job, write_files
 
 from tfdp_utils._tf import IS_KERAS3
 from tfdp_utils.throughput import _tags as tags
@@ -182,3 +183,50 @@ def test_keras_backups_and_the_logger_go_on_from_the_saved_step_on_another_shape
     assert all(count == N + trained + 8 * (step - saved) for step, count in after), after
     assert examples[-1] == (final, EPOCHS * N)
     print(f"FILE 2 -> 1 beside BackupAndRestore (mixed={mixed}): saved {saved}, final {final}")
+
+
+EVERY = 4
+"""``every_steps`` of the job that dies: its last checkpoint is at step 8, 2 steps before."""
+
+
+def test_a_newer_mid_epoch_keras_backup_on_another_shape_is_refused_by_name(
+    tmp_path: Path,
+) -> None:
+    """BackupAndRestore(save_freq=1) beside periodic checkpoints (every 4 steps) on 2 workers
+    sharding by file; the job dies without notice after step 4 of epoch 2 (global step 10), so
+    Keras' backup (step 10) is newer than the last checkpoint (step 8), and on one process its
+    step names other examples. tf_keras' backup (the chief's folder) is found there: the resume
+    is refused before the first step, naming both and the fix; with the backup removed, as the
+    message says, the job resumes exactly from the checkpoint. Keras 3 gives each worker of a
+    multi-worker job its own folder (``worker_backup_dir``), which one process does not read:
+    the checkpoint governs at once, and the resume is exact."""
+    write_files(tmp_path / "files", SIZES)
+    settings = {"JOB_BACKUP": "1", "JOB_BACKUP_FREQ": "1", "JOB_EVERY": str(EVERY)}
+    died = _run(tmp_path, "died", 2, JOB_DIE_AT="[1, 3]", **settings)
+    for log in died:
+        assert log["status"] == DIED, log["stderr"][-4000:]
+        assert log["batches"][-1] == [1, 3] and log["policy"] == "file"
+    checkpoint = tmp_path / "job" / f"ckpt-{2 * EVERY:012d}"
+    assert max(p.name for p in (tmp_path / "job").glob("ckpt-*")) == checkpoint.name
+    backup = tmp_path / "job-backup"
+    # tf_keras' BackupAndRestore refuses OneDeviceStrategy: one process of 2 replicas there.
+    replicas = "1" if IS_KERAS3 else "2"
+    if not IS_KERAS3:
+        (refused,) = _run(tmp_path, "refused", 1, JOB_REPLICAS=replicas, **settings)
+        said = refused["stderr"]
+        assert refused["status"] == 1 and refused["batches"] == [], said[-4000:]
+        assert "ResumeMismatchError" in said, said[-4000:]
+        assert f"backup {backup} (epoch 2, after step 4) is newer than" in said, said[-4000:]
+        assert f"checkpoint {checkpoint} (saved on 2 workers x 1 replica" in said
+        assert f"remove the backup folder {backup}" in said
+        shutil.rmtree(backup)
+    (resumed,) = _run(tmp_path, "resumed", 1, JOB_REPLICAS=replicas, **settings)
+    assert resumed["status"] == 0, resumed["stderr"][-4000:]
+    assert resumed["resumed_from"] == str(checkpoint)
+    assert "follows BackupAndRestore's backup" not in resumed["stderr"]
+    # The interrupted epoch's ids: those counted on both workers up to the checkpoint (after
+    # global step 8), and the resumed run's: each once (steps 9 and 10 trained again).
+    parts = [log["counts"][2 * EVERY - 1] for log in died] + [resumed["epochs"]["1"]]
+    assert np.sum(parts, axis=0).tolist() == [1.0] * N
+    assert resumed["epochs"]["2"] == [1.0] * N
+    assert resumed["iterations"] == EPOCHS * STEPS

@@ -16,9 +16,12 @@ Other settings: ``JOB_REPLICAS`` (logical CPU replicas of the process), ``JOB_SI
 (``[epoch, batch]``: the process sends itself a notice after that batch), ``JOB_SEED`` (the
 builder's ``seed=``, JSON; ``null`` for none), ``JOB_TB`` (a ``ThroughputLogger`` log folder,
 its log of a shape change printed), ``JOB_BACKUP`` (Keras' ``BackupAndRestore`` beside, each
-worker its own folder), ``JOB_MIXED`` (mixed precision: compile wraps the optimizer in a
-``LossScaleOptimizer``). The process writes its log (JSON) to its first argument; the second is
-the ``PreemptionCheckpoint`` directory.
+worker its own folder; ``JOB_BACKUP_FREQ``: its ``save_freq`` in steps, else ``"epoch"``),
+``JOB_EVERY`` (``PreemptionCheckpoint``'s ``every_steps``), ``JOB_DIE_AT`` (``[epoch, batch]``:
+after that batch the process writes its log, with the ids counted after each of its steps, and
+ends at once with status :data:`DIED`, a death without notice), ``JOB_MIXED`` (mixed
+precision: compile wraps the optimizer in a ``LossScaleOptimizer``). The process writes its log
+(JSON) to its first argument; the second is the ``PreemptionCheckpoint`` directory.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from typing import Any
 from support.processes import Process, free_port, start_python, tf_config, wait_all
 
 PREEMPTED = 75
+DIED = 86
+"""The status of a job process ended by ``JOB_DIE_AT`` (``os._exit``: nothing runs after it)."""
 N, STEPS, EPOCHS = 48, 6, 3
 
 JOB = r"""
@@ -50,6 +55,7 @@ from tfdp_utils._tf import keras
 out, directory = sys.argv[1], sys.argv[2]
 source = os.environ["JOB_SOURCE"]
 signal_at = json.loads(os.environ.get("JOB_SIGNAL_AT", "null"))  # [epoch, batch]
+die_at = json.loads(os.environ.get("JOB_DIE_AT", "null"))  # [epoch, batch]
 N, EPOCHS = 48, 3
 
 strategy = tdu.auto_strategy(verbose=False, collective_timeout=30, resume_from=directory)
@@ -104,7 +110,7 @@ with strategy.scope():
     model.compile(keras.optimizers.Adam(schedule), "mse")
 
 log = {
-    "epochs": {}, "weights_at": {}, "batches": [], "begun": [],
+    "epochs": {}, "weights_at": {}, "batches": [], "begun": [], "counts": [],
     "reason": tdu.strategy.explain(strategy).reason, "policy": dist.tfdp.plan.policy,
     "optimizer": type(model.optimizer).__name__,
 }
@@ -124,14 +130,21 @@ class Record(keras.callbacks.Callback):
         log["batches"].append([self.epoch, batch])
         if signal_at and [self.epoch, batch] == signal_at:
             os.kill(os.getpid(), signal.SIGTERM)
+        if die_at:  # the ids of the epoch counted after each step, then a death without notice
+            log["counts"].append(local_counts())
+            if [self.epoch, batch] == die_at:
+                with open(out, "w") as handle:
+                    json.dump(log, handle)
+                os._exit(86)
 
 
-checkpoint = tdu.callbacks.PreemptionCheckpoint(directory)
+every = json.loads(os.environ.get("JOB_EVERY", "null"))
+checkpoint = tdu.callbacks.PreemptionCheckpoint(directory, every_steps=every)
 extra = []
 if os.environ.get("JOB_BACKUP"):  # Keras' own backups, each worker its own folder
-    extra.append(
-        keras.callbacks.BackupAndRestore(tdu.worker_backup_dir(directory + "-backup", strategy))
-    )
+    backup = tdu.worker_backup_dir(directory + "-backup", strategy)
+    freq = json.loads(os.environ.get("JOB_BACKUP_FREQ", '"epoch"'))
+    extra.append(keras.callbacks.BackupAndRestore(backup, save_freq=freq))
 logger = None
 if os.environ.get("JOB_TB"):
     logging.getLogger("tfdp_utils").setLevel(logging.INFO)  # its log of a shape change

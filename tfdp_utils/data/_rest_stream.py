@@ -50,12 +50,14 @@ def rest_examples(recipe: Recipe, rest: EpochRest, index: int, workers: int) -> 
     """The examples worker ``index`` of ``workers`` trains in the rest, in order.
 
     One pipeline traced once for every old stream this worker takes examples from (the old
-    worker's index a tensor), not one per stream. The rest's order is step by step of the
-    first shape, stream by stream within a step, and this worker's part of it is a set of
-    positions; each stream is read once up to the last position wanted, cut into its steps
-    (``S`` examples each), each step's block keeping the wanted positions only, and padded
-    with empty blocks to the same number of steps: a round-robin interleave of the streams,
-    one block at a time, then gives the examples in the rest's order.
+    worker's index an element of the interleave's input), not one per stream. The rest's order
+    is step by step of the first shape, stream by stream within a step, and this worker's part
+    of it is a set of positions; each stream is read once up to the last position wanted, cut
+    into its steps (``S`` examples each), each step's block keeping the wanted positions only
+    (where a stream's wanted positions are all of it from the rest's start, as on fewer workers
+    whose number divides the first shape's, the blocks are kept whole, without a mask), and
+    padded with empty blocks to the same number of steps: a round-robin interleave of the
+    streams, one block at a time, then gives the examples in the rest's order.
     """
     old = _old_recipe(recipe, rest)
     streams, wanted = _wanted(rest, index, workers)
@@ -63,36 +65,44 @@ def rest_examples(recipe: Recipe, rest: EpochRest, index: int, workers: int) -> 
     first = rest.from_step * size
     ends = [int(np.flatnonzero(row)[-1]) + 1 if row.any() else first for row in wanted]
     steps = max(-(-(end - first) // size) for end in ends)
-    stream_ids = tf.constant(streams, tf.int64)
-    reads = tf.constant(ends, tf.int64)
-    keep = tf.constant(wanted)
+    # Every stream wanted from the rest's start to its last position: no mask to trace.
+    whole = all(bool(row[first:end].all()) for row, end in zip(wanted, ends, strict=True))
+    columns = [tf.constant(streams, tf.int64), tf.constant(ends, tf.int64)]
+    if not whole:
+        columns.append(tf.constant(wanted))  # a row of positions kept per stream
 
-    def blocks(row: Any, read_once: Any = None) -> Any:
-        stream = stream_ids[row]
+    def blocks(stream: Any, read: Any, *more: Any) -> Any:
+        keep = None if whole else more[0]
+        read_once = more[-1] if old.cache else None
         examples = epoch_examples(old, read_once, stream, rest.num_workers, rest.epoch)
         # Read up to the last position wanted; the trained steps are read, not kept.
-        positioned = examples.take(reads[row]).enumerate().skip(first).batch(size)
+        if keep is None:
+            picked = examples.take(read).skip(first).batch(size)
+        else:
 
-        def kept(positions: Any, block: Any) -> Any:
-            mask = tf.gather(keep[row], positions)
-            return tf.nest.map_structure(lambda t: tf.boolean_mask(t, mask), block)
+            def kept(positions: Any, block: Any) -> Any:
+                mask = tf.gather(keep, positions)
+                return tf.nest.map_structure(lambda t: tf.boolean_mask(t, mask), block)
 
-        picked = positioned.map(traced_as_written(kept))
+            positioned = examples.take(read).enumerate().skip(first).batch(size)
+            picked = positioned.map(traced_as_written(kept))
         empty = tf.data.Dataset.from_tensors(empty_batch(picked.element_spec))
         return picked.concatenate(empty.repeat()).take(steps)
 
-    rows = tf.data.Dataset.range(len(streams))
+    rows = [tf.data.Dataset.from_tensor_slices(column) for column in columns]
     if old.cache:
         # What each old worker's epochs read again, built where a positioned stream builds
         # it (outside any traced function: its file shuffle pairs with the global seed as
         # that stream's does), one dataset per stream, handed to the interleave as elements.
         sources = [tf.data.Dataset.from_tensors(_read_once(old, s)) for s in streams]
-        rows = tf.data.Dataset.zip((rows, functools.reduce(tf.data.Dataset.concatenate, sources)))
+        rows.append(functools.reduce(tf.data.Dataset.concatenate, sources))
     # The epoch's own reads inside the interleave's traced function, as every epoch of a
     # positioned stream is built inside flat_map's: its shuffles' seeds are then paired with
     # the traced graph's seed, not the program's global seed. Traced as written, as those
     # epochs are (no AutoGraph rewrite; the user's map_fn and reader converted as anywhere).
-    chosen = rows.interleave(traced_as_written(blocks), cycle_length=len(streams), block_length=1)
+    chosen = tf.data.Dataset.zip(tuple(rows)).interleave(
+        traced_as_written(blocks), cycle_length=len(streams), block_length=1
+    )
     return chosen.unbatch()
 
 

@@ -242,3 +242,50 @@ def describe_change(before: Mapping[str, Any], now: Mapping[str, Any]) -> str | 
     if not changed(before, now):
         return None
     return f"{Shape.of(before).describe()} -> {Shape.of(now).describe()}"
+
+
+def check_backup_position(
+    checkpoint: str,
+    before: Mapping[str, Any],
+    now: Mapping[str, Any],
+    *,
+    in_rest: bool,
+    backup: str,
+    positions: tuple[tuple[int, int], ...],
+) -> None:
+    """Raise unless a ``BackupAndRestore`` backup newer than ``checkpoint`` names the same
+    examples on this run's shape.
+
+    Under FILE sharding "step k of epoch e" names other examples on another number of workers,
+    and in the rest of an epoch laid out anew it names that layout's steps. A backup does not
+    record the shape it was saved on, so a mid-epoch one cannot be placed on this shape; an
+    epoch's start is the same on every shape.
+
+    Args:
+        checkpoint: the latest checkpoint's folder.
+        before: the dataset facts it was saved with.
+        now: this run's dataset facts.
+        in_rest: whether this run resumes in the rest of an epoch laid out anew.
+        backup: the backup's folder.
+        positions: where the backup resumes (epoch, 0-based, and the steps of it its weights
+            trained), counted with the steps per epoch of each shape that may have saved it.
+
+    Raises:
+        ResumeMismatchError: a mid-epoch backup, newer than the checkpoint, on a shape whose
+            steps name other examples.
+    """
+    mid_epoch = [(epoch, step) for epoch, step in positions if step]
+    if not mid_epoch or not (in_rest or (changed(before, now) and redistributes(before, now))):
+        return
+    (epoch, step), old, new = mid_epoch[0], Shape.of(before), Shape.of(now)
+    raise ResumeMismatchError(
+        f"Keras' BackupAndRestore backup {backup} (epoch {epoch + 1}, after step {step}) "
+        f"is newer than PreemptionCheckpoint's checkpoint {checkpoint} (saved on "
+        f"{old.describe()}), and this run is on {new.describe()} with files sharded by file: "
+        "a step of an epoch names other examples on each shape, and the backup does not record "
+        f"the shape it was saved on, so resuming at it would repeat or skip examples of epoch "
+        f"{epoch + 1}. To resume exactly, remove the backup folder {backup} (the job goes on "
+        f"from the checkpoint {checkpoint}, the steps after it trained again), or resume on "
+        "the shape the backup was saved on until the epoch ends. Backups saved at an epoch's "
+        "end (BackupAndRestore(save_freq='epoch')) are followed on any shape."
+    )

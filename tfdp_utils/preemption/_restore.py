@@ -141,6 +141,8 @@ def beside_backups(start: Start, beside: Sequence[Any], steps_per_epoch: int) ->
         return start
     latest, spe = start.restore, steps_per_epoch
     if backup.global_step(spe) > position.global_step(start.epoch, start.step, spe):
+        if latest is not None:
+            _check_backup_shape(latest, start, beside, backup)
         # BackupAndRestore's newer state is restored whole (its on_train_begin): the
         # data and Keras' steps follow it, with this job's shuffle seed.
         logger.warning(
@@ -175,6 +177,27 @@ def beside_backups(start: Start, beside: Sequence[Any], steps_per_epoch: int) ->
             backup.step,
         )
     return start
+
+
+def _check_backup_shape(
+    latest: store.Saved, start: Start, beside: Sequence[Any], backup: backups.BackupPosition
+) -> None:
+    """Refuse a newer mid-epoch backup whose step names other examples on this shape (files
+    sharded by file): counted with the checkpoint's steps per epoch as well as this run's."""
+    before = latest.state.get("dataset", {})
+    saved_spe = int(before.get("steps_per_epoch") or 0)
+    other = backups.newest(beside, saved_spe) if saved_spe else None
+    positions = [(backup.epoch, backup.step)]
+    if other is not None:
+        positions.append((other.epoch, other.step))
+    elastic.check_backup_position(
+        latest.path,
+        before,
+        start.facts,
+        in_rest=start.rest is not None,
+        backup=backup.path,
+        positions=tuple(positions),
+    )
 
 
 def prepared_run(directory: str, resumable: Any, start: Start) -> Run:
