@@ -219,3 +219,97 @@ def test_tf_keras_gradient_accumulation_is_refused_by_name(strategy: Any) -> Non
     model = tdu.enable_gradient_accumulation(build(strategy), 2)
     with pytest.raises(ValueError, match="enable_gradient_accumulation"):
         fit(model, x, y, epochs=1, callbacks=[DivergenceGuard()])
+
+
+def accumulating_loop(
+    strategy: Any, x: np.ndarray, y: np.ndarray, guard: Any = None
+) -> tuple[Any, Any, int]:
+    """``make_distributed_train_step(..., accumulation_steps=2)`` over the builder's batches of
+    (x, y): returns the model, the step and the micro-batches trained before the guard said
+    stop (``check()`` after every call)."""
+    keras.utils.set_random_seed(1)
+    with strategy.scope():
+        model = keras.Sequential(
+            [keras.Input((4,)), keras.layers.Dense(3, name="d1"), keras.layers.Dense(1, name="d2")]
+        )
+        optimizer = keras.optimizers.Adam(0.01)
+    step = tdu.make_distributed_train_step(
+        model,
+        loss=keras.losses.MeanSquaredError(reduction="none"),
+        optimizer=optimizer,
+        strategy=strategy,
+        accumulation_steps=2,
+    )
+    dist = tdu.build_distributed_dataset((x, y), strategy=strategy, global_batch_size=BATCH)
+    if guard is not None:
+        guard.watch(model, optimizer=optimizer, dataset=dist)
+    trained = 0
+    for batch in dist:
+        step(batch)
+        trained += 1
+        if guard is not None and guard.check():
+            break
+    return model, step, trained
+
+
+def planted(bad_batch: int) -> tuple[np.ndarray, np.ndarray, int]:
+    rng = np.random.RandomState(0)
+    x = rng.randn(STEPS * BATCH, 4).astype("float32")
+    y = rng.randn(STEPS * BATCH, 1).astype("float32")
+    bad = bad_batch * BATCH + 5  # replica 1's half of that micro-batch
+    x[bad, 2] = np.inf
+    return x, y, bad
+
+
+def assert_names_the_micro_batch(found: Any, bad_batch: int, bad: int) -> None:
+    assert found is not None and found.examples_unknown == ""
+    assert (found.epoch, found.batch, found.step, found.replicas) == (
+        0,
+        bad_batch,
+        bad_batch + 1,
+        (1,),
+    )
+    first = bad_batch * BATCH + 4
+    assert [(e.replica, e.indices, e.non_finite) for e in found.examples] == [
+        (1, tuple(range(first, first + 4)), (bad,))
+    ]
+
+
+@pytest.mark.parametrize(
+    "bad_batch",
+    [2, 3],  # accumulated first in its window of 2 (micro-batches 2, 3), or the one applying it
+)
+def test_accumulation_steps_in_a_custom_loop_names_the_micro_batch_and_skips_its_update(
+    strategy: Any, bad_batch: int
+) -> None:
+    """Under "skip" the window's accumulated update is not applied, and the accumulators start
+    the next window from zero: the loop ends with the weights of a loop without that window's
+    two micro-batches (an inf carried over would poison every later window)."""
+    x, y, bad = planted(bad_batch)
+    guard = DivergenceGuard(policy="skip", check_every_n_steps=1, check_replicas_every=1)
+    model, step, trained = accumulating_loop(strategy, x, y, guard)
+    assert trained == STEPS and step.pending_micro_steps == 0
+    assert_names_the_micro_batch(guard.summary()["divergence"], bad_batch, bad)
+    assert guard.summary()["skipped_steps"] == 1 and guard.summary()["steps"] == STEPS
+    assert guard.summary()["disagreement"] is None and guard.summary()["checked_at_step"] == STEPS
+    keep = np.ones(len(x), bool)
+    window = bad_batch // 2 * 2
+    keep[window * BATCH : (window + 2) * BATCH] = False
+    reference, _, _ = accumulating_loop(strategy, x[keep], y[keep])
+    assert_same_weights(model, reference)
+    assert all(np.isfinite(w).all() for w in model.get_weights())
+
+
+def test_accumulation_steps_in_a_custom_loop_stops_before_the_window_is_applied(
+    strategy: Any,
+) -> None:
+    """The inf accumulated in micro-batch 3 of 4 (the first of its window) is never applied:
+    the loop stops when the window closes, on the weights of the windows before it."""
+    x, y, bad = planted(2)
+    guard = DivergenceGuard(check_every_n_steps=1)
+    model, _, trained = accumulating_loop(strategy, x, y, guard)
+    assert trained == 4 and guard.summary()["stopped"]
+    assert_names_the_micro_batch(guard.divergence, 2, bad)
+    assert guard.divergence is not None and guard.divergence.variable is not None
+    reference, _, _ = accumulating_loop(strategy, x[: 2 * BATCH], y[: 2 * BATCH])
+    assert_same_weights(model, reference)

@@ -213,6 +213,9 @@ class DistributedTrainStep:
             x, y, sample_weight, tf.constant(1.0), False
         )
         assert self._accumulator is not None  # built whenever accumulation_steps > 1
+        guard = self._divergence_guard()
+        if guard is not None:  # checked where it happens, so the report names this micro-batch
+            guard.check_micro_batch(gradients)
         self._accumulator.add(gradients, examples)
         for metric in self._metrics:
             metric.update_state(y, y_pred, sample_weight=sample_weight)
@@ -234,12 +237,19 @@ class DistributedTrainStep:
             ]
         gradients = self._guard_non_finite(gradients)
         gradients = mixed_precision.gradients_to_apply(self.optimizer, gradients)
+        guard = self._divergence_guard()
+        if guard is not None and self._accumulator is not None:
+            guard.hand_over_window()  # it skips the whole window's update, then we reset
         self.optimizer.apply_gradients(zip(gradients, self.model.trainable_variables, strict=True))
         if self._accumulator is not None:
             self._accumulator.reset()
         for metric in self._metrics:
             metric.update_state(y, y_pred, sample_weight=sample_weight)
         return loss_sum / examples + regularization
+
+    def _divergence_guard(self) -> Any:
+        """The ``DivergenceGuard`` update watching this optimizer (``guard.watch``), or None."""
+        return getattr(self.optimizer, "_tfdp_guard", None)
 
     def _guard_non_finite(self, gradients: list[Any]) -> list[Any]:
         """With loss scaling: count a non-finite update and make every replica see it.
