@@ -25,6 +25,7 @@ import atexit
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import tempfile
@@ -47,7 +48,7 @@ START_TIMEOUT = 120.0
 """Seconds the preloader may take to import TensorFlow, or to answer a request to fork."""
 
 PRELOADER = r"""
-import atexit, json, os, select, signal, sys, threading, traceback, types
+import atexit, json, os, select, signal, sys, threading, types
 import numpy
 import tensorflow
 
@@ -93,15 +94,13 @@ def job(request):  # in the forked child: never returns
             status = finish(None)
         except SystemExit as exit:
             status = finish(exit.code)
-        except KeyboardInterrupt:
-            traceback.print_exc()
-            finish(None)
-            signal.signal(signal.SIGINT, signal.SIG_DFL)  # as Python: ended by SIGINT
-            os.kill(os.getpid(), signal.SIGINT)
-        except BaseException:
-            kind, error, frames = sys.exc_info()
-            sys.excepthook(kind, error, frames.tb_next)  # from the job's frame, as Python
+        except BaseException as error:
+            error.with_traceback(error.__traceback__.tb_next)  # from the job's frame on
+            sys.excepthook(type(error), error, error.__traceback__)
             status = finish(1)
+            if isinstance(error, KeyboardInterrupt):  # as Python: ended by SIGINT
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGINT)
     finally:
         os._exit(status)
 
@@ -111,9 +110,9 @@ def reply(line):
 
 
 def handle(request):
-    if request["op"] == "kill":
+    if request["op"] == "signal":
         if request["pid"] in children:  # never a pid already reaped (and maybe reused)
-            os.kill(request["pid"], signal.SIGKILL)
+            os.kill(request["pid"], request["signal"])
         return
     sys.stdout.flush()
     sys.stderr.flush()
@@ -228,8 +227,8 @@ class Preloader:
             self._take(self._lines(0))
         return self.exits.get(pid)
 
-    def kill(self, pid: int) -> None:
-        self._send({"op": "kill", "pid": pid})
+    def send_signal(self, pid: int, signum: int) -> None:
+        self._send({"op": "signal", "pid": pid, "signal": int(signum)})
 
     def close(self) -> None:
         """Close the preloader's input (it kills its jobs still running and ends), bounded."""
@@ -276,9 +275,12 @@ class ForkedPopen:
             self.returncode = self._owner.returncode(self.pid)
         return self.returncode
 
-    def kill(self) -> None:
+    def send_signal(self, signum: int) -> None:
         if self.poll() is None:
-            self._owner.kill(self.pid)
+            self._owner.send_signal(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
     def wait(self, timeout: float = 60.0) -> int:
         deadline = time.monotonic() + timeout
