@@ -12,7 +12,7 @@ its process's first run), followed by the uninterrupted references of every sett
 shape, each from its own seed and folders: a process start buys them nothing. The stopped runs
 whose goodput is checked against the test's clock start as ``python -c`` (their start-up
 includes TensorFlow's import, which goodput must count); the other jobs are forked from a
-process that imported TensorFlow already (``support.preloaded``: 1 s of CPU each instead of 6).
+process that imported TensorFlow already (``support.preloaded``: about 2 s of CPU instead of 6).
 """
 
 from __future__ import annotations
