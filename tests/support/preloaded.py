@@ -13,8 +13,10 @@ process start time goodput counts from) is the job's own.
 
 In the job, as in ``python -c CODE ARGS``: ``sys.argv`` is ``["-c", *ARGS]``, the code runs
 as a fresh ``__main__``, its environment and working folder are the ones asked for, and
-its end is Python's: ``SystemExit``'s status, a traceback and status 1 for an uncaught
-exception, non-daemon threads joined, then ``atexit`` handlers, then the stdio flushed.
+its end is Python's own exit: ``SystemExit`` carries the child out of the preloader's loop
+with the code's status (1 and a traceback for an uncaught exception), and Python joins the
+non-daemon threads, runs the ``atexit`` handlers and tears down the interpreter and TensorFlow,
+where a process can still abort as a fresh one would (only Ctrl-C's end skips the teardown).
 The variables TensorFlow reads at import (:data:`IMPORT_TIME`) are set before the preloader's
 import: a job that sets other values gets a preloader of its own.
 """
@@ -48,33 +50,14 @@ START_TIMEOUT = 120.0
 """Seconds the preloader may take to import TensorFlow, or to answer a request to fork."""
 
 PRELOADER = r"""
-import atexit, json, os, select, signal, sys, threading, types
+import atexit, json, os, select, signal, sys, threading, traceback, types
 import numpy
 import tensorflow
 
 children = set()
 
 
-def finish(code):
-    # Python's own end of `python -c`: SystemExit's status, non-daemon threads, atexit, stdio.
-    if code is None:
-        status = 0
-    elif isinstance(code, int):
-        status = code & 0xFF
-    else:
-        print(code, file=sys.stderr)
-        status = 1
-    threading._shutdown()
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:
-            status = 120
-    return status
-
-
-def job(request):  # in the forked child: never returns
+def job(request):  # in the forked child: ends the process through Python's own exit
     status = 1
     try:
         for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, request["out"], os.O_WRONLY),
@@ -89,20 +72,31 @@ def job(request):  # in the forked child: never returns
         numpy.random.seed()  # a fresh process's unseeded draws, not the preloader's
         main = types.ModuleType("__main__")
         sys.modules["__main__"] = main
-        try:
-            exec(compile(request["code"], "<string>", "exec"), main.__dict__)
-            status = finish(None)
-        except SystemExit as exit:
-            status = finish(exit.code)
-        except BaseException as error:
-            error.with_traceback(error.__traceback__.tb_next)  # from the job's frame on
-            sys.excepthook(type(error), error, error.__traceback__)
-            status = finish(1)
-            if isinstance(error, KeyboardInterrupt):  # as Python: ended by SIGINT
-                signal.signal(signal.SIGINT, signal.SIG_DFL)
-                os.kill(os.getpid(), signal.SIGINT)
-    finally:
+    except BaseException:
+        traceback.print_exc()
         os._exit(status)
+    try:
+        exec(compile(request["code"], "<string>", "exec"), main.__dict__)
+    except SystemExit:
+        raise  # Python ends the process with its status, as after `python -c`
+    except BaseException as error:
+        error.with_traceback(error.__traceback__.tb_next)  # from the job's frame on
+        # As Python's top level does with an uncaught error (the exit guard and the exit
+        # barrier read sys.last_*), then its hook prints it.
+        sys.last_type, sys.last_value, sys.last_traceback = type(error), error, error.__traceback__
+        sys.excepthook(type(error), error, error.__traceback__)
+        if isinstance(error, KeyboardInterrupt):  # as Python: ended by SIGINT after its exit
+            threading._shutdown()  # (its teardown skipped: the Ctrl-C tests start python -c)
+            atexit._run_exitfuncs()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+        raise SystemExit(1) from None
+    # The code's end: SystemExit carries the child out of the preloader's loop to Python's own
+    # exit (non-daemon threads joined, atexit, then the interpreter's and TensorFlow's
+    # teardown, where a process can still abort), as a fresh `python -c` ends.
+    raise SystemExit(0)
 
 
 def reply(line):
