@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 import tensorflow as tf
+from support.guard_loop import guarded_loop
 
 import tfdp_utils as tdu
 from tfdp_utils import compat
@@ -270,33 +271,8 @@ def test_one_device_without_a_strategy_is_guarded_too() -> None:
 def custom_loop(
     strategy: Any, x: np.ndarray, y: np.ndarray, guard: Any = None, *, builder: bool = False
 ) -> tuple[Any, int]:
-    """``make_distributed_train_step`` over the batches of (x, y) (through the builder with
-    ``builder``); returns the model and the batches trained before the guard said stop."""
-    keras.utils.set_random_seed(1)
-    with strategy.scope():
-        model = keras.Sequential(
-            [keras.Input((4,)), keras.layers.Dense(3, name="d1"), keras.layers.Dense(1, name="d2")]
-        )
-        optimizer = keras.optimizers.Adam(0.01)
-    step = tdu.make_distributed_train_step(
-        model,
-        loss=keras.losses.MeanSquaredError(reduction="none"),
-        optimizer=optimizer,
-        strategy=strategy,
-    )
-    if builder:
-        dist = tdu.build_distributed_dataset((x, y), strategy=strategy, global_batch_size=BATCH)
-    else:
-        dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
-        dist = strategy.experimental_distribute_dataset(dataset)
-    if guard is not None:
-        guard.watch(model, optimizer=optimizer, dataset=dist)
-    trained = 0
-    for batch in dist:
-        step(batch)
-        trained += 1
-        if guard is not None and guard.check():
-            break
+    """The guarded custom loop (support.guard_loop): the model and the batches trained."""
+    model, _, trained = guarded_loop(strategy, x, y, guard, builder=builder)
     return model, trained
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 import tensorflow as tf
+from support.guard_loop import guarded_loop
 
 import tfdp_utils as tdu
 from tfdp_utils import compat
@@ -225,31 +226,9 @@ def accumulating_loop(
     strategy: Any, x: np.ndarray, y: np.ndarray, guard: Any = None
 ) -> tuple[Any, Any, int]:
     """``make_distributed_train_step(..., accumulation_steps=2)`` over the builder's batches of
-    (x, y): returns the model, the step and the micro-batches trained before the guard said
-    stop (``check()`` after every call)."""
-    keras.utils.set_random_seed(1)
-    with strategy.scope():
-        model = keras.Sequential(
-            [keras.Input((4,)), keras.layers.Dense(3, name="d1"), keras.layers.Dense(1, name="d2")]
-        )
-        optimizer = keras.optimizers.Adam(0.01)
-    step = tdu.make_distributed_train_step(
-        model,
-        loss=keras.losses.MeanSquaredError(reduction="none"),
-        optimizer=optimizer,
-        strategy=strategy,
-        accumulation_steps=2,
-    )
-    dist = tdu.build_distributed_dataset((x, y), strategy=strategy, global_batch_size=BATCH)
-    if guard is not None:
-        guard.watch(model, optimizer=optimizer, dataset=dist)
-    trained = 0
-    for batch in dist:
-        step(batch)
-        trained += 1
-        if guard is not None and guard.check():
-            break
-    return model, step, trained
+    (x, y) (support.guard_loop): the model, the step and the micro-batches trained before the
+    guard said stop."""
+    return guarded_loop(strategy, x, y, guard, builder=True, accumulation_steps=2)
 
 
 def planted(bad_batch: int) -> tuple[np.ndarray, np.ndarray, int]:
