@@ -17,11 +17,12 @@ A run passes when every judged process exits within ``--bound`` seconds of its e
 error's own status: 1 for an uncaught exception, 130 (or death by SIGINT) for Ctrl-C, 143 (or
 death by SIGTERM) for SIGTERM. "Its error" is when the worker reported the uncaught error (its
 own ``sys.excepthook`` prints the time, before tfdp-utils' guard runs) or when the signal was
-sent. Source kinds, replicas, workers and APIs rotate over the runs of a crash, so every
-combination is covered and each crash gets ``--runs`` runs.
+sent. Source kinds, replicas, workers and APIs rotate over the runs of a crash (see
+:func:`combo`: 10 runs cover every source with each layout) and each crash gets ``--runs``
+runs; CI runs 10, a hunt for a rare failure runs more.
 
-    python scripts/crash_repeat.py --runs 20 --flavour keras3 --jobs 2
-    python scripts/crash_repeat.py --runs 20 --flavour tf_keras --crash sigint
+    python scripts/crash_repeat.py --runs 10 --flavour keras3 --jobs 2
+    python scripts/crash_repeat.py --runs 40 --flavour tf_keras --crash sigint
 
 Exits 1 when any run failed.
 """
@@ -203,16 +204,18 @@ class Combo:
 
 
 def combo(crash: str, run: int) -> Combo:
-    """What run ``run`` of ``crash`` trains on: sources change every run, APIs every 5 runs,
-    workers every 2 and replicas every 3, so that any 20 runs cover every source, API and
-    layout (the tf.data service runs in-process, with one trainer)."""
+    """What run ``run`` of ``crash`` trains on. Sources change every run (5), workers every run
+    (2), replicas every 5 runs and APIs every 2 runs (4), so that every 10 runs cover each
+    source with 1 and 2 workers and with 1 and 2 replicas, each workers x replicas layout, and
+    each API with 1 and 2 workers (the tf.data service runs in-process, with one trainer; the
+    watchdog needs 2 workers)."""
     apis = ("fit", "evaluate", "predict", "loop") if crash in ("error", "sigint") else ("fit",)
     sources = SOURCES[:4] if crash == "watchdog" else SOURCES  # watchdog: 2 workers
     source = sources[run % len(sources)]
-    workers = 2 if crash == "watchdog" else (1, 2)[(run // 2) % 2]
+    workers = 2 if crash == "watchdog" else (1, 2)[run % 2]
     if source == "service":
         workers = 1
-    return Combo(crash, source, (2, 1)[(run // 3) % 2], workers, apis[(run // 5) % len(apis)])
+    return Combo(crash, source, (2, 1)[(run // 5) % 2], workers, apis[(run // 2) % len(apis)])
 
 
 def _free_port() -> int:
@@ -239,6 +242,20 @@ def _error_at(out: Path) -> float | None:
         if line.startswith("ERROR-AT "):
             return float(line.split()[1])
     return None
+
+
+def _native_crash(lines: list[str]) -> list[str]:
+    """What a native crash printed: the lines before faulthandler's ``Fatal Python error``
+    (TensorFlow's own last words, glibc's heap message) and the crashed thread's innermost
+    frames."""
+    fatal = next((i for i, line in enumerate(lines) if "Fatal Python error" in line), None)
+    if fatal is None:
+        return lines[-30:]
+    current = next(
+        (i for i in range(fatal, len(lines)) if lines[i].startswith("Current thread")), None
+    )
+    crashed = [] if current is None else lines[current : current + 12]
+    return [*lines[max(0, fatal - 8) : fatal + 1], *crashed]
 
 
 def one_run(combo: Combo, script: Path, data: Path, flavour: str, bound: float) -> list[str]:
@@ -303,9 +320,8 @@ def one_run(combo: Combo, script: Path, data: Path, flavour: str, bound: float) 
         process = processes[index]
         out = _read(folder / f"{index}.out")
         lines = _read(folder / f"{index}.err").strip().splitlines()
-        # A native crash's stack (faulthandler) is the last thing printed: keep enough of it.
         crashed = process.poll() is not None and process.returncode in (-6, -11)
-        tail = " | ".join(lines[-30:] if crashed else lines[-3:])
+        tail = " | ".join(_native_crash(lines) if crashed else lines[-3:])
         if index not in ends:
             problems.append(
                 f"worker {index} still alive {time.monotonic() - start:.0f} s in: {tail}"
@@ -340,7 +356,7 @@ def one_run(combo: Combo, script: Path, data: Path, flavour: str, bound: float) 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--runs", type=int, default=20, help="runs per crash (default 20)")
+    parser.add_argument("--runs", type=int, default=10, help="runs per crash (default 10)")
     parser.add_argument("--flavour", choices=("keras3", "tf_keras"), default="keras3")
     parser.add_argument("--crash", choices=CRASHES, action="append", help="default: all")
     parser.add_argument("--bound", type=float, default=10.0, help="seconds (default 10)")

@@ -240,7 +240,8 @@ def run_job(
     if directory is not None:
         env["DIRECTORY"] = str(directory)
     processes = [
-        start_python(script, env={**env, "TF_CONFIG": tf_config(ports, i)}) for i in range(2)
+        start_python(script, env={**env, "TF_CONFIG": tf_config(ports, i)}, preloaded=True)
+        for i in range(2)
     ]
     return [result_line(outcome) for outcome in wait_all(processes, timeout=240)]
 

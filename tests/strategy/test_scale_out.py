@@ -183,7 +183,11 @@ def srun_job() -> list[Outcome]:
         "STEPS": str(STEPS),
     }
     processes = [
-        start_python(TRAIN, env={**common, "SLURM_PROCID": str(i), "SLURM_LOCALID": str(i)})
+        start_python(
+            TRAIN,
+            env={**common, "SLURM_PROCID": str(i), "SLURM_LOCALID": str(i)},
+            preloaded=True,
+        )
         for i in range(2)
     ]
     return wait_all(processes, timeout=150)
@@ -204,7 +208,7 @@ def test_tf_config_chief_worker_train_and_evaluator_trains_nothing():
         {"TF_CONFIG": _tf_config(cluster, "worker", 0)},
         {"TF_CONFIG": _tf_config(evaluator, "evaluator", 0)},
     ]
-    processes = [start_python(TRAIN, env=env) for env in envs]
+    processes = [start_python(TRAIN, env=env, preloaded=True) for env in envs]
     results = wait_all(processes, timeout=150)
     _assert_same_training(results[:2], steps=8)
     rc, out, err = results[2]
@@ -217,7 +221,7 @@ def test_tf_config_chief_worker_train_and_evaluator_trains_nothing():
 def test_killed_worker_ends_the_survivor_with_an_error_within_the_bound():
     bound = 20.0
     envs = _workers(2, MODE="die", VICTIM="1", AT="3", CT=str(bound), EPOCHS="1", STEPS="1000")
-    processes = [start_python(TRAIN, env=env) for env in envs]
+    processes = [start_python(TRAIN, env=env, preloaded=True) for env in envs]
     results = wait_all(processes, timeout=150, check=False)
     (rc0, out0, err0), (rc1, out1, _) = results
     assert rc1 == -signal.SIGKILL
@@ -233,7 +237,7 @@ def test_killed_worker_ends_the_survivor_with_an_error_within_the_bound():
 def test_hung_worker_ends_the_survivor_with_the_collective_timeout_error():
     bound = 8.0
     envs = _workers(2, MODE="hang", VICTIM="1", AT="3", CT=str(bound), EPOCHS="1", STEPS="1000")
-    processes = [start_python(TRAIN, env=env) for env in envs]
+    processes = [start_python(TRAIN, env=env, preloaded=True) for env in envs]
     try:
         [(rc0, out0, err0)] = wait_all(processes[:1], timeout=150, check=False)
     finally:
@@ -262,7 +266,7 @@ def test_backup_and_restore_resumes_a_preempted_job_to_the_same_weights(
     # a scheduler kills a job (a task that killed itself would let its peer fail first)...
     preempted = _kill_when_all_print(
         [
-            start_python(TRAIN, env=env)
+            start_python(TRAIN, env=env, preloaded=True)
             for env in _workers(
                 2, EPOCHS=str(epochs), STEPS=str(steps), BACKUP=backup, MODE="preempt", AT="6"
             )
@@ -275,7 +279,7 @@ def test_backup_and_restore_resumes_a_preempted_job_to_the_same_weights(
     # ...and restarted with the same command on new ports.
     resumed = wait_all(
         [
-            start_python(TRAIN, env=env)
+            start_python(TRAIN, env=env, preloaded=True)
             for env in _workers(2, EPOCHS=str(epochs), STEPS=str(steps), BACKUP=backup)
         ],
         timeout=150,

@@ -348,3 +348,73 @@ def test_ctrl_c_ends_a_worker_held_in_a_collective_by_a_peer_that_left_the_step(
         lines[0],
     ), lines[0]
     assert "KeyboardInterrupt" in err0
+
+
+LOOP = r"""
+import os, signal, sys, threading, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal: Ctrl-C raises
+import tfdp_utils as tdu
+from tfdp_utils._tf import tf
+
+strategy = tdu.auto_strategy(cluster_timeout=60, collective_timeout=float(os.environ["CT"]))
+rank = int(strategy.cluster_resolver.task_id)
+dist = tdu.build_distributed_dataset(
+    tf.data.Dataset.range(4096), strategy=strategy, global_batch_size=8, shard_policy="data"
+)
+
+
+def ctrl_c_in_this_thread():
+    # The kernel hands a process's SIGINT to any thread that does not block it. This one
+    # takes it: the main thread's wait is not interrupted, and CPython raises
+    # KeyboardInterrupt only once that thread runs Python again.
+    while not os.path.exists(os.environ["TRIGGER"]):
+        time.sleep(0.05)
+    print(f"SIGINT {time.time()}", flush=True)
+    signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+
+
+if rank == 0:
+    threading.Thread(target=ctrl_c_in_this_thread, daemon=True).start()
+iterator = iter(dist)
+for step in range(1, 400):
+    next(iterator)  # its eager cross-worker reduce: pool.map, waiting on TensorFlow's threads
+    if rank == 1 and step == 3:
+        print(f"STALL {time.time()}", flush=True)
+        while True:
+            time.sleep(1)
+"""
+
+
+def test_ctrl_c_in_another_thread_ends_a_loop_held_in_the_eager_reduce(tmp_path):
+    """A custom loop's ``next(iterator)`` on worker 0 waits in step 4's eager cross-worker
+    reduce (``pool.map``, in ``threading``) for worker 1, which never comes; Ctrl-C lands in
+    another thread of worker 0. The wait is TensorFlow's as much as a collective's C++ call
+    is: its collectives are aborted and it ends by SIGINT, not at the 120-s bound."""
+    bound = 120.0
+    ports = [free_port(), free_port()]
+    trigger = tmp_path / "ctrl-c"
+    env = {"CT": str(bound), "TRIGGER": str(trigger), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    processes = [
+        start_python(LOOP, env={**env, "TF_CONFIG": tf_config(ports, i)}, preloaded=True)
+        for i in range(2)
+    ]
+    try:
+        deadline = time.monotonic() + 150
+        while "STALL " not in processes[1].stdout():
+            assert time.monotonic() < deadline, processes[1].tail()
+            assert processes[0].poll() is None, processes[0].tail()
+            time.sleep(0.2)
+        time.sleep(2.0)  # worker 0 waits in step 4's reduce by now
+        assert processes[0].poll() is None, processes[0].tail()
+        trigger.touch()
+        sent = time.monotonic()
+        while processes[0].poll() is None and time.monotonic() < sent + bound / 2:
+            time.sleep(0.1)
+        rc0, err0 = processes[0].poll(), processes[0].stderr()
+    finally:
+        for process in processes:
+            process.close()
+    lines = [line for line in err0.splitlines() if line.startswith("tfdp-utils: Ctrl-C")]
+    assert len(lines) == 1, err0[-4000:]  # the abort's own account: it fired, once
+    assert rc0 == -signal.SIGINT, (rc0, err0[-4000:])
+    assert "KeyboardInterrupt" in err0

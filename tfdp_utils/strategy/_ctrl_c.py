@@ -68,10 +68,14 @@ def _end_interrupted(message: str) -> None:
 
 
 def _in_tensorflow() -> Callable[[FrameType], bool]:
+    """The watchdog's test (:func:`~tfdp_utils.strategy._stuck.calls_into`): the innermost
+    frame, or its first caller outside Python's own library, lies in TensorFlow. A custom
+    loop's ``next(iterator)`` waits for its eager cross-worker reduce in ``pool.map``, in
+    ``threading``: Ctrl-C that the kernel hands to another thread leaves that wait held."""
     from tfdp_utils.strategy._faults import _tensorflow_dir
+    from tfdp_utils.strategy._stuck import calls_into
 
-    prefix = _tensorflow_dir()
-    return lambda frame: frame.f_code.co_filename.startswith(prefix)
+    return calls_into(_tensorflow_dir())
 
 
 class CtrlCAbort:
@@ -81,7 +85,8 @@ class CtrlCAbort:
         thread_id: the ``threading.get_ident()`` of the training thread. Defaults to `None`
             (the calling thread).
         in_call: tells whether a frame is inside a blocking TensorFlow call. Defaults to
-            `None` (the innermost frame's file lies in the installed ``tensorflow`` package).
+            `None` (the innermost frame's file, or its first caller outside Python's own
+            library, lies in the installed ``tensorflow`` package).
         abort: called with the message to end the held call. Defaults to `None` (abort the
             process's collective ops with ``CANCELLED``).
         end: called with the message when the call outlives the abort by ``end_after``
