@@ -3,7 +3,8 @@
 The latest good checkpoint in the directory (each read back whole, :mod:`._store`) is checked
 against this run (:mod:`._mismatch`) and gives the position and the shuffle seed; without one the
 run starts at ``initial_epoch``. A ``BackupAndRestore`` backup newer than it is followed instead
-(:mod:`._backups`). At train begin the weights and the optimizer state are read back.
+(:mod:`._backups`); on several workers they agree on that before the first step, or all refuse
+(:func:`agreed_start`). At train begin the weights and the optimizer state are read back.
 
 TensorFlow glue: a checkpoint's tensors are read with ``tf.train``.
 """
