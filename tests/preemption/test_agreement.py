@@ -23,6 +23,7 @@ from tfdp_utils.preemption._agreement import (
     CoordinationChannel,
     Request,
     barrier,
+    gather,
 )
 
 pytestmark = pytest.mark.pure
@@ -626,3 +627,38 @@ def test_the_chief_names_every_missing_worker_to_every_worker() -> None:
     assert sorted(worker for worker, _ in said) == [0, 2, 4]
     for _, message in said:
         assert "workers 1, 3 did not finish their part" in message
+
+
+# -- where a resumed job starts ----------------------------------------------------------------
+
+
+def test_every_worker_gets_the_chief_s_verdict_on_every_worker_s_start() -> None:
+    store = CountingStore()
+    seen: list[list[str]] = []
+
+    def decide(texts: list[str]) -> str:
+        seen.append(texts)
+        return "verdict"
+
+    def start(worker: int) -> Callable[[], str]:
+        return lambda: gather(
+            store,
+            "start/0",
+            worker=worker,
+            num_workers=3,
+            mine=f"w{worker}",
+            decide=decide,
+            timeout=5.0,
+        )
+
+    assert in_threads(start(2), start(0), start(1)) == ["verdict"] * 3
+    assert seen == [["w0", "w1", "w2"]]  # decided once, in worker order
+    assert len(store.writes) == 2 * 3 - 1
+
+
+def test_a_worker_that_never_tells_its_start_is_named_after_the_timeout() -> None:
+    store = MemoryStore()
+    with pytest.raises(TimeoutError, match=r"worker 1 did not tell worker 0 within 0\.2 s"):
+        gather(store, "start/0", worker=0, num_workers=2, mine="", decide=str, timeout=0.2)
+    with pytest.raises(TimeoutError, match=r"worker 0 did not tell worker 1 within 0\.2 s"):
+        gather(store, "start/1", worker=1, num_workers=2, mine="", decide=str, timeout=0.2)

@@ -287,3 +287,59 @@ def test_a_newer_mid_epoch_backup_is_refused_where_its_step_names_other_examples
     assert f"checkpoint {PATH} (saved on {elastic.Shape.of(before).describe()})" in message
     assert f"this run is on {elastic.Shape.of(now).describe()}" in message
     assert f"remove the backup folder {BACKUP}" in message
+
+
+def _starts(*backups: tuple[str | None, int]) -> list[elastic.WorkerStart]:
+    """Each worker's start in epoch 2: ``(backup folder or None, steps done)``."""
+    return [elastic.WorkerStart(i, 1, step, backup) for i, (backup, step) in enumerate(backups)]
+
+
+@pytest.mark.parametrize(
+    "starts",
+    [
+        _starts((None, 2), (None, 2), (None, 2)),  # the checkpoint on every worker
+        _starts(("/b/worker_0", 3), ("/b/worker_1", 3), ("/b/worker_2", 3)),  # one backup step
+    ],
+    ids=["checkpoint", "backups"],
+)
+def test_workers_that_start_alike_resume(starts: list[elastic.WorkerStart]) -> None:
+    assert (
+        elastic.check_same_start(starts, checkpoint=PATH, before=facts(2, 2), now=facts(3, 3))
+        is None
+    )
+
+
+def test_per_worker_backups_on_more_workers_than_wrote_them_are_refused_by_name() -> None:
+    starts = _starts(("/b/worker_0", 3), ("/b/worker_1", 3), (None, 2))
+    message = elastic.check_same_start(starts, checkpoint=PATH, before=facts(2, 2), now=facts(3, 3))
+    assert message is not None
+    assert message.startswith(
+        "Keras' BackupAndRestore backups /b/worker_0, /b/worker_1 (epoch 2, after step 3) are "
+        f"newer than PreemptionCheckpoint's checkpoint {PATH} (saved on 2 workers x 1 replica "
+        "(4 examples per replica)), and only workers 0, 1 of this run on 3 workers x 1 replica"
+    )
+    assert "worker 2 found none in its own folder" in message
+    assert (
+        "remove the backup folders /b/worker_0, /b/worker_1 (the job goes on from the " in message
+    )
+    assert message.endswith("or resume on the checkpoint's 2 workers until the epoch ends.")
+
+
+def test_backups_at_different_steps_or_without_a_checkpoint_are_refused_by_name() -> None:
+    starts = _starts(("/b/worker_0", 3), ("/b/worker_1", 4))
+    message = elastic.check_same_start(starts, checkpoint=PATH, before=facts(2, 2), now=facts(2, 2))
+    assert message is not None
+    assert "(epoch 2, after step 3; epoch 2, after step 4)" in message
+    assert "the backups are at different steps" in message
+    starts = _starts(("/b/worker_0", 3), (None, 0))
+    message = elastic.check_same_start(starts, checkpoint=None, before={}, now=facts(2, 2))
+    assert message is not None
+    assert "newer than any checkpoint of PreemptionCheckpoint (its directory has none)" in message
+    assert "(the job starts afresh on every worker)" in message
+
+
+def test_a_refusal_one_worker_met_is_every_worker_s() -> None:
+    starts = [elastic.WorkerStart(0, 1, 2), elastic.WorkerStart(1, 1, 2, refused="no: because")]
+    for start in starts:
+        assert elastic.WorkerStart.decode(start.encode()) == start
+    assert elastic.check_same_start(starts, checkpoint=PATH, before={}, now={}) == "no: because"

@@ -17,13 +17,15 @@ Keras' arithmetic on any shape, not the data's; docs/preemption.md says so). The
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from support.elastic_job import EPOCHS, PREEMPTED, STEPS, N, run_job
+from support.elastic_job import DIED, EPOCHS, PREEMPTED, STEPS, N, run_job
 
+from tfdp_utils._tf import IS_KERAS3
 from tfdp_utils.throughput import _tags as tags
 from tfdp_utils.throughput._report import read_runs
 
@@ -172,3 +174,60 @@ def test_a_job_started_on_one_process_without_a_seed_resumes_on_two_workers(
     _check_resumed(stopped, resumed, ((1, 2), (2, 1)))
     for log in resumed:
         assert log["iterations"] == EPOCHS * STEPS
+
+
+def test_per_worker_backups_newer_than_the_checkpoint_on_more_workers_are_refused_on_each(
+    tmp_path: Path,
+) -> None:
+    """Two workers with BackupAndRestore(save_freq=1) in worker_backup_dir() folders beside
+    checkpoints every 3 steps, a global batch of 12 (4 steps an epoch), die without notice
+    after global step 7: Keras' backups (step 7) are newer than the checkpoint (step 6).
+
+    Keras 3: each old worker has its own folder, the third has none. The workers agree before
+    the first step and every one refuses the resume by name, naming the folders, the checkpoint,
+    both shapes and the fix; with the folders removed, the same resume goes on from the
+    checkpoint. tf_keras: every worker reads the chief's backup, so all follow it."""
+    settings = {
+        "JOB_SOURCE": "arrays",
+        "JOB_BATCH": "12",
+        "JOB_BACKUP": "1",
+        "JOB_BACKUP_FREQ": "1",
+        "JOB_EVERY": "3",
+    }
+    directory, steps = tmp_path / "job", N // 12
+    died = run_job(tmp_path, "died", directory, (2, 1), JOB_DIE_AT="[1, 2]", **settings)
+    for log in died:
+        assert log["status"] == DIED, log["stderr"][-4000:]
+    checkpoint = directory / f"ckpt-{6:012d}"
+    assert max(p.name for p in directory.glob("ckpt-*")) == checkpoint.name
+    backup = tmp_path / "job-backup"
+    from_step = 6
+    if IS_KERAS3:
+        refused = run_job(tmp_path, "refused", directory, (3, 1), **settings)
+        folders = f"{backup}/worker_0, {backup}/worker_1"
+        for log in refused:
+            said = log["stderr"]
+            assert log["status"] == 1 and log["batches"] == [], said[-4000:]
+            assert "ResumeMismatchError" in said, said[-4000:]
+            assert f"backups {folders} (epoch 2, after step 3" in said, said[-4000:]
+            assert f"checkpoint {checkpoint} (saved on 2 workers x 1 replica (6 " in said
+            assert "only workers 0, 1 of this run on 3 workers x 1 replica (4 " in said
+            assert f"remove the backup folders {folders} (the job goes on from" in said
+            assert "or resume on the checkpoint's 2 workers" in said
+        print(refused[2]["stderr"].strip().splitlines()[-1])
+        shutil.rmtree(backup)  # what the message says to do
+        expected = str(checkpoint)
+    else:
+        from_step, expected = 7, str(backup)
+    resumed = run_job(tmp_path, "resumed", directory, (3, 1), **settings)
+    for log in resumed:
+        assert log["status"] == 0, log["stderr"][-4000:]
+        assert log["resumed_from"] == expected
+        assert log["batches"][0] == [1, from_step - steps]
+        assert log["iterations"] == EPOCHS * steps
+    # The interrupted epoch's ids: those counted on both workers up to where the resume goes
+    # on (steps after the checkpoint trained again), and the resumed run's: each once.
+    parts = [log["counts"][from_step - 1] for log in died]
+    parts += [log["epochs"]["1"] for log in resumed]
+    assert np.sum(parts, axis=0).tolist() == [1.0] * N
+    assert np.sum([log["epochs"]["2"] for log in resumed], axis=0).tolist() == [1.0] * N

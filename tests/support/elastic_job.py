@@ -20,7 +20,8 @@ worker its own folder; ``JOB_BACKUP_FREQ``: its ``save_freq`` in steps, else ``"
 ``JOB_EVERY`` (``PreemptionCheckpoint``'s ``every_steps``), ``JOB_DIE_AT`` (``[epoch, batch]``:
 after that batch the process writes its log, with the ids counted after each of its steps, and
 ends at once with status :data:`DIED`, a death without notice), ``JOB_MIXED`` (mixed
-precision: compile wraps the optimizer in a ``LossScaleOptimizer``). The process writes its log
+precision: compile wraps the optimizer in a ``LossScaleOptimizer``), ``JOB_BATCH`` (the global
+batch, 8 unless set: 12 divides over 2 and 3 workers). The process writes its log
 (JSON) to its first argument; the second is the ``PreemptionCheckpoint`` directory.
 """
 
@@ -57,6 +58,7 @@ source = os.environ["JOB_SOURCE"]
 signal_at = json.loads(os.environ.get("JOB_SIGNAL_AT", "null"))  # [epoch, batch]
 die_at = json.loads(os.environ.get("JOB_DIE_AT", "null"))  # [epoch, batch]
 N, EPOCHS = 48, 3
+BATCH = int(os.environ.get("JOB_BATCH", "8"))
 
 strategy = tdu.auto_strategy(verbose=False, collective_timeout=30, resume_from=directory)
 seed = json.loads(os.environ.get("JOB_SEED", "5"))
@@ -64,7 +66,7 @@ if source == "arrays":
     x = np.stack([np.arange(N), np.linspace(-1, 1, N), np.cos(np.arange(N))], 1).astype("float32")
     y = (x[:, 1:2] * 3 + 1).astype("float32")
     dist = tdu.build_distributed_dataset(
-        (x, y), strategy=strategy, global_batch_size=8, shuffle_buffer_size=64, seed=seed
+        (x, y), strategy=strategy, global_batch_size=BATCH, shuffle_buffer_size=64, seed=seed
     )
 else:
     def parse(line):  # an id -> (id, a feature, another), a target
@@ -75,7 +77,7 @@ else:
     folder = os.environ["JOB_FILES"]
     files = sorted(os.path.join(folder, name) for name in os.listdir(folder))
     dist = tdu.build_distributed_dataset(
-        files, strategy=strategy, global_batch_size=8, reader=tf.data.TextLineDataset,
+        files, strategy=strategy, global_batch_size=BATCH, reader=tf.data.TextLineDataset,
         map_fn=parse, count_examples=True, shuffle_buffer_size=64, seed=seed,
         shard_policy="data" if source == "files-data" else "auto",
     )

@@ -291,3 +291,52 @@ def _chief_verdict(store: KeyValueStore, key: str, num_workers: int, deadline: f
     # The chief did not answer in time: name whom it still waits for, or the chief itself.
     unmarked = [other for other in range(1, num_workers) if store.get(f"{key}/{other}", 1) is None]
     return unmarked or [0]
+
+
+def gather(
+    store: KeyValueStore,
+    key: str,
+    *,
+    worker: int,
+    num_workers: int,
+    mine: str,
+    decide: Callable[[list[str]], str],
+    timeout: float,
+) -> str:
+    """Every worker's ``mine`` to the chief, which decides once for all: the verdict each
+    worker returns (the chief's ``decide`` of every worker's text, in worker order).
+
+    Each worker other than the chief writes ``key/<worker>``; the chief reads them in turn and
+    writes ``key/verdict``, which the others wait on; each of them then marks
+    ``key/read/<worker>``, and the chief, whose process runs the coordination service (a
+    refusal ends it), returns once they read it: 2N - 1 keys.
+
+    Raises:
+        TimeoutError: a worker's text (on the chief) or the chief's verdict (on the others)
+            did not come within ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    if worker != 0:
+        store.set(f"{key}/{worker}", mine)
+        while (verdict := store.get(f"{key}/verdict", _slice_ms(deadline))) is None:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"worker 0 did not tell worker {worker} within {timeout:g} s, through "
+                    "TensorFlow's coordination service, where the job resumes."
+                )
+        store.set(f"{key}/read/{worker}", "1")
+        return verdict
+    texts = [mine]
+    for other in range(1, num_workers):
+        while (text := store.get(f"{key}/{other}", _slice_ms(deadline))) is None:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"worker {other} did not tell worker 0 within {timeout:g} s, through "
+                    "TensorFlow's coordination service, where it resumes; it may not have "
+                    "started, or it runs another script."
+                )
+        texts.append(text)
+    verdict = decide(texts)
+    store.set(f"{key}/verdict", verdict)
+    _missing_marks(store, f"{key}/read", range(1, num_workers), deadline)
+    return verdict

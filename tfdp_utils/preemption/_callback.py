@@ -203,7 +203,7 @@ class PreemptionCheckpoint(_Callback):  # type: ignore[misc]
         directory = store.check_directory(self.directory)
         start = restore.from_checkpoint(directory, resumable, initial_epoch)
         self.resumed_from = start.resumed_from
-        start = restore.beside_backups(start, beside or [], resumable.steps_per_epoch)
+        start = restore.agreed_start(start, beside or [], resumable)
         self.resumed_from = start.resumed_from
         run = restore.prepared_run(directory, resumable, start)
         dataset = resumable.at(

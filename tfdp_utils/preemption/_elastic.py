@@ -29,7 +29,8 @@ set of files.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tfdp_utils.data._epoch_rest import EpochRest
@@ -288,4 +289,105 @@ def check_backup_position(
         f"from the checkpoint {checkpoint}, the steps after it trained again), or resume on "
         "the shape the backup was saved on until the epoch ends. Backups saved at an epoch's "
         "end (BackupAndRestore(save_freq='epoch')) are followed on any shape."
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerStart:
+    """Where one worker of a multi-worker job would resume, as the workers compare it.
+
+    Attributes:
+        worker: the worker's index.
+        epoch: the epoch it starts in (0-based).
+        step: the steps of that epoch done.
+        backup: the ``BackupAndRestore`` folder it follows (newer than the checkpoint), or None
+            where the checkpoint (or the start) governs.
+        refused: the refusal this worker met on its own (its message), or None.
+    """
+
+    worker: int
+    epoch: int
+    step: int
+    backup: str | None = None
+    refused: str | None = None
+
+    def encode(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def decode(cls, text: str) -> WorkerStart:
+        return cls(**json.loads(text))
+
+
+def _workers(indices: Sequence[int]) -> str:
+    return f"worker{'s' if len(indices) != 1 else ''} {', '.join(map(str, indices))}"
+
+
+def check_same_start(
+    starts: Sequence[WorkerStart],
+    *,
+    checkpoint: str | None,
+    before: Mapping[str, Any],
+    now: Mapping[str, Any],
+) -> str | None:
+    """Why the workers of a resumed job would not start from one state, or None.
+
+    A refusal one worker met is every worker's. Otherwise the workers must agree on whether a
+    ``BackupAndRestore`` backup newer than the checkpoint is followed, and where: Keras 3's
+    backups are per worker (``worker_backup_dir``), so on more workers than wrote them the new
+    ones find none and would start from the checkpoint while the others follow their backups.
+
+    Args:
+        starts: every worker's start, in worker order.
+        checkpoint: the latest checkpoint's folder, or None where the directory has none.
+        before: the dataset facts it was saved with (empty without one).
+        now: this run's dataset facts.
+    """
+    for start in starts:
+        if start.refused is not None:
+            return start.refused
+    followed = [s for s in starts if s.backup is not None]
+    if not followed:
+        return None
+    positions = {(s.epoch, s.step) for s in followed}
+    if len(followed) == len(starts) and len(positions) == 1:
+        return None
+    new = Shape.of(now)
+    folders = ", ".join(str(s.backup) for s in followed)
+    plural = len(followed) != 1
+    where = "; ".join(f"epoch {epoch + 1}, after step {step}" for epoch, step in sorted(positions))
+    if checkpoint is not None:
+        than = (
+            f"PreemptionCheckpoint's checkpoint {checkpoint} (saved on "
+            f"{Shape.of(before).describe()})"
+        )
+        goes_on = (
+            f"the job goes on from the checkpoint {checkpoint}, the steps after it trained again"
+        )
+        workers = Shape.of(before).num_workers
+        old = f"the checkpoint's {workers} worker{'s' if workers != 1 else ''}"
+    else:
+        than = "any checkpoint of PreemptionCheckpoint (its directory has none)"
+        goes_on = "the job starts afresh on every worker"
+        old = "the number of workers that wrote them"
+    if len(followed) == len(starts):
+        what = (
+            f"the backups are at different steps ({where}), so the workers would start from "
+            "different weights and steps"
+        )
+    else:
+        others = [s.worker for s in starts if s.backup is None]
+        what = (
+            f"only {_workers([s.worker for s in followed])} of this run on {new.describe()} "
+            f"found one: {_workers(others)} found none in {'their' if len(others) > 1 else 'its'} "
+            "own folder (under Keras 3, "
+            "worker_backup_dir() gives each worker of a multi-worker job its own folder, and "
+            "the job that wrote them had fewer workers), so the workers would start from "
+            "different weights and steps"
+        )
+    return (
+        f"Keras' BackupAndRestore backup{'s' if plural else ''} {folders} "
+        f"({where}) {'are' if plural else 'is'} newer than {than}, and {what}. To resume "
+        f"exactly, remove the backup folder{'s' if plural else ''} {folders} ({goes_on}), or "
+        f"resume on {old} until the epoch ends."
     )

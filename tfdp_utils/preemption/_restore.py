@@ -3,7 +3,8 @@
 The latest good checkpoint in the directory (each read back whole, :mod:`._store`) is checked
 against this run (:mod:`._mismatch`) and gives the position and the shuffle seed; without one the
 run starts at ``initial_epoch``. A ``BackupAndRestore`` backup newer than it is followed instead
-(:mod:`._backups`). At train begin the weights and the optimizer state are read back.
+(:mod:`._backups`); on several workers they agree on that before the first step, or all refuse
+(:func:`agreed_start`). At train begin the weights and the optimizer state are read back.
 
 TensorFlow glue: a checkpoint's tensors are read with ``tf.train``.
 """
@@ -11,14 +12,19 @@ TensorFlow glue: a checkpoint's tensors are read with ``tf.train``.
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import json
 import logging
 import random
 from collections.abc import Sequence
 from typing import Any
 
 from tfdp_utils._tf import tf
+from tfdp_utils.cluster._coordination import CoordinationStore, KeyValueStore
 from tfdp_utils.cluster._topology import position_of
 from tfdp_utils.data._epoch_rest import EpochRest
+from tfdp_utils.errors import ResumeMismatchError
+from tfdp_utils.preemption import _agreement as agreement
 from tfdp_utils.preemption import _arguments as arguments
 from tfdp_utils.preemption import _backups as backups
 from tfdp_utils.preemption import _elastic as elastic
@@ -29,6 +35,12 @@ from tfdp_utils.preemption._run import Run
 from tfdp_utils.preemption._saving import KERAS
 
 logger = logging.getLogger("tfdp_utils")
+
+START_AGREEMENT_SECONDS = 300.0
+"""How long the workers of a resumed job wait for each other's start (building the dataset
+and the model may take one worker longer than another)."""
+
+_starts = itertools.count()  # one agreement per fit, the same count on every worker
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,6 +189,63 @@ def beside_backups(start: Start, beside: Sequence[Any], steps_per_epoch: int) ->
             backup.step,
         )
     return start
+
+
+def agreed_start(
+    start: Start,
+    beside: Sequence[Any],
+    resumable: Any,
+    *,
+    store: KeyValueStore | None = None,
+) -> Start:
+    """:func:`beside_backups` on every worker of the job, agreed before the first step.
+
+    Beside ``BackupAndRestore`` on several workers, each worker tells the chief where it would
+    start (a backup newer than the checkpoint, or the checkpoint) through the coordination
+    service (:func:`~._agreement.gather`); where they differ, or one of them refused, the
+    resume is refused on every worker (:func:`~._elastic.check_same_start`). Keras 3's backups
+    are per worker, so on more workers than wrote them only the old workers find one.
+    Without a ``BackupAndRestore`` or on one worker nothing is exchanged.
+
+    Raises:
+        ResumeMismatchError: the workers would start from different states, or one refused.
+    """
+    spe = resumable.steps_per_epoch
+    worker = position_of(resumable.strategy)
+    if not beside or worker.num_workers <= 1:
+        return beside_backups(start, beside, spe)
+    refused: str | None = None
+    try:
+        chosen = beside_backups(start, beside, spe)
+    except ResumeMismatchError as error:
+        chosen, refused = start, str(error)
+    followed = chosen.resumed_from if chosen.resumed_from != start.resumed_from else None
+    mine = elastic.WorkerStart(worker.index, chosen.epoch, chosen.step, followed, refused)
+    latest = start.restore
+
+    def decide(texts: list[str]) -> str:
+        return json.dumps(
+            elastic.check_same_start(
+                [elastic.WorkerStart.decode(text) for text in texts],
+                checkpoint=latest.path if latest is not None else None,
+                before=latest.state.get("dataset", {}) if latest is not None else {},
+                now=start.facts,
+            )
+        )
+
+    verdict = agreement.gather(
+        store if store is not None else CoordinationStore(),
+        f"tfdp/preemption/start/{next(_starts)}",
+        worker=worker.index,
+        num_workers=worker.num_workers,
+        mine=mine.encode(),
+        decide=decide,
+        timeout=START_AGREEMENT_SECONDS,
+    )
+    refusal = json.loads(verdict)
+    if refusal is not None:
+        raise ResumeMismatchError(refusal)
+    return chosen
 
 
 def _check_backup_shape(
