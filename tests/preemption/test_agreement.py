@@ -662,3 +662,25 @@ def test_a_worker_that_never_tells_its_start_is_named_after_the_timeout() -> Non
         gather(store, "start/0", worker=0, num_workers=2, mine="", decide=str, timeout=0.2)
     with pytest.raises(TimeoutError, match=r"worker 0 did not tell worker 1 within 0\.2 s"):
         gather(store, "start/1", worker=1, num_workers=2, mine="", decide=str, timeout=0.2)
+
+
+def test_a_worker_waiting_for_the_start_says_what_it_waits_for(caplog) -> None:
+    store = MemoryStore()
+    with caplog.at_level("WARNING", logger="tfdp_utils"), pytest.raises(TimeoutError):
+        gather(
+            store,
+            "start/2",
+            worker=1,
+            num_workers=2,
+            mine="",
+            decide=str,
+            timeout=0.5,
+            progress_interval=0.1,
+        )
+    lines = [r.getMessage() for r in caplog.records if "still waiting" in r.getMessage()]
+    assert lines, caplog.text
+    assert lines[0].startswith(
+        "tfdp_utils: still waiting for worker 0's verdict on where the resumed job starts after"
+    )
+    assert "(bound 0.5 s; change it with no setting: start every worker of the job)" in lines[0]
+

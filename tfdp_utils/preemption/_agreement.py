@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from tfdp_utils._waiting import WaitProgress
 from tfdp_utils.cluster._coordination import KeyValueStore
 
 logger = logging.getLogger("tfdp_utils")
@@ -302,9 +303,12 @@ def gather(
     mine: str,
     decide: Callable[[list[str]], str],
     timeout: float,
+    progress_interval: float | None = None,
 ) -> str:
     """Every worker's ``mine`` to the chief, which decides once for all: the verdict each
-    worker returns (the chief's ``decide`` of every worker's text, in worker order).
+    worker returns (the chief's ``decide`` of every worker's text, in worker order). A wait
+    logs what it waits for every ``progress_interval`` seconds (``None``: the default of
+    :class:`~tfdp_utils._waiting.WaitProgress`).
 
     Each worker other than the chief writes ``key/<worker>``; the chief reads them in turn and
     writes ``key/verdict``, which the others wait on; each of them then marks
@@ -316,9 +320,17 @@ def gather(
             did not come within ``timeout`` seconds.
     """
     deadline = time.monotonic() + timeout
+    change = "no setting: start every worker of the job"
     if worker != 0:
         store.set(f"{key}/{worker}", mine)
+        progress = WaitProgress(
+            "worker 0's verdict on where the resumed job starts",
+            bound=timeout,
+            change=change,
+            interval=progress_interval,
+        )
         while (verdict := store.get(f"{key}/verdict", _slice_ms(deadline))) is None:
+            progress.tick()
             if time.monotonic() >= deadline:
                 raise TimeoutError(
                     f"worker 0 did not tell worker {worker} within {timeout:g} s, through "
@@ -328,7 +340,14 @@ def gather(
         return verdict
     texts = [mine]
     for other in range(1, num_workers):
+        progress = WaitProgress(
+            f"worker {other} to tell where it would resume",
+            bound=timeout,
+            change=change,
+            interval=progress_interval,
+        )
         while (text := store.get(f"{key}/{other}", _slice_ms(deadline))) is None:
+            progress.tick()
             if time.monotonic() >= deadline:
                 raise TimeoutError(
                     f"worker {other} did not tell worker 0 within {timeout:g} s, through "
