@@ -683,4 +683,3 @@ def test_a_worker_waiting_for_the_start_says_what_it_waits_for(caplog) -> None:
         "tfdp_utils: still waiting for worker 0's verdict on where the resumed job starts after"
     )
     assert "(bound 0.5 s; change it with no setting: start every worker of the job)" in lines[0]
-
