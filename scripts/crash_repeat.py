@@ -329,7 +329,8 @@ def one_run(combo: Combo, script: Path, data: Path, flavour: str, bound: float) 
             continue
         status = process.returncode
         if "NO CRASH" in out:
-            problems.append(f"worker {index} did not crash (status {status}): {tail}")
+            after = "" if sent is None else f", {ends[index] - sent:.1f} s after the signal"
+            problems.append(f"worker {index} did not crash (status {status}{after}): {tail}")
             continue
         errors = [
             float(line.split()[1]) for line in out.splitlines() if line.startswith("ERROR-AT")
