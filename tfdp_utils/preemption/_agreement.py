@@ -320,41 +320,41 @@ def gather(
             did not come within ``timeout`` seconds.
     """
     deadline = time.monotonic() + timeout
-    change = "no setting: start every worker of the job"
-    if worker != 0:
-        store.set(f"{key}/{worker}", mine)
+
+    def wait(name: str, what: str, late: str) -> str:
         progress = WaitProgress(
-            "worker 0's verdict on where the resumed job starts",
+            what,
             bound=timeout,
-            change=change,
+            change="no setting: start every worker of the job",
             interval=progress_interval,
         )
-        while (verdict := store.get(f"{key}/verdict", _slice_ms(deadline))) is None:
+        while (text := store.get(f"{key}/{name}", _slice_ms(deadline))) is None:
             progress.tick()
             if time.monotonic() >= deadline:
-                raise TimeoutError(
-                    f"worker 0 did not tell worker {worker} within {timeout:g} s, through "
-                    "TensorFlow's coordination service, where the job resumes."
-                )
+                raise TimeoutError(late)
+        return text
+
+    if worker != 0:
+        store.set(f"{key}/{worker}", mine)
+        verdict = wait(
+            "verdict",
+            "worker 0's verdict on where the resumed job starts",
+            f"worker 0 did not tell worker {worker} within {timeout:g} s, through "
+            "TensorFlow's coordination service, where the job resumes.",
+        )
         store.set(f"{key}/read/{worker}", "1")
         return verdict
     texts = [mine]
     for other in range(1, num_workers):
-        progress = WaitProgress(
-            f"worker {other} to tell where it would resume",
-            bound=timeout,
-            change=change,
-            interval=progress_interval,
+        texts.append(
+            wait(
+                str(other),
+                f"worker {other} to tell where it would resume",
+                f"worker {other} did not tell worker 0 within {timeout:g} s, through "
+                "TensorFlow's coordination service, where it resumes; it may not have "
+                "started, or it runs another script.",
+            )
         )
-        while (text := store.get(f"{key}/{other}", _slice_ms(deadline))) is None:
-            progress.tick()
-            if time.monotonic() >= deadline:
-                raise TimeoutError(
-                    f"worker {other} did not tell worker 0 within {timeout:g} s, through "
-                    "TensorFlow's coordination service, where it resumes; it may not have "
-                    "started, or it runs another script."
-                )
-        texts.append(text)
     verdict = decide(texts)
     store.set(f"{key}/verdict", verdict)
     _missing_marks(store, f"{key}/read", range(1, num_workers), deadline)
