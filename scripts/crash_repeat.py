@@ -179,7 +179,7 @@ elif API == "evaluate":
     model.evaluate(dist, verbose=0, callbacks=[Steps()], **steps)
 else:
     model.predict(dist, verbose=0, callbacks=[Steps()], **steps)
-print("NO CRASH", flush=True)
+print(f"NO CRASH {time.monotonic():.6f}", flush=True)  # when its work ended
 """
 
 SOURCES = ("generator", "tensor_slices", "files", "input_fn", "service")
@@ -242,6 +242,21 @@ def _error_at(out: Path) -> float | None:
         if line.startswith("ERROR-AT "):
             return float(line.split()[1])
     return None
+
+
+def _when(out: str, sent: float | None) -> str:
+    """When a worker that did not crash ended its work, against when the signal was sent (one
+    clock: CLOCK_MONOTONIC is the machine's): a signal sent after the work ended came late; one
+    sent before it was lost."""
+    if sent is None:
+        return ""
+    for line in out.splitlines():
+        if line.startswith("NO CRASH "):
+            ended = float(line.split()[2])
+            if ended < sent:
+                return f"; its work ended {sent - ended:.2f} s before the signal was sent"
+            return f"; the signal was sent {ended - sent:.2f} s before its work ended"
+    return ""
 
 
 def _native_crash(lines: list[str]) -> list[str]:
@@ -329,8 +344,9 @@ def one_run(combo: Combo, script: Path, data: Path, flavour: str, bound: float) 
             continue
         status = process.returncode
         if "NO CRASH" in out:
-            after = "" if sent is None else f", {ends[index] - sent:.1f} s after the signal"
-            problems.append(f"worker {index} did not crash (status {status}{after}): {tail}")
+            problems.append(
+                f"worker {index} did not crash (status {status}{_when(out, sent)}): {tail}"
+            )
             continue
         errors = [
             float(line.split()[1]) for line in out.splitlines() if line.startswith("ERROR-AT")
