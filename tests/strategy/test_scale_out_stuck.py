@@ -100,7 +100,10 @@ def _line(out: str, tag: str) -> dict:
 def _start(mode: str, at: int, bound: float = BOUND, **extra: str) -> list[Process]:
     ports = [free_port(), free_port()]
     env = {"MODE": mode, "AT": str(at), "CT": str(bound), "TF_CPP_MIN_LOG_LEVEL": "2", **extra}
-    return [start_python(SCRIPT, env={**env, "TF_CONFIG": tf_config(ports, i)}) for i in range(2)]
+    return [
+        start_python(SCRIPT, env={**env, "TF_CONFIG": tf_config(ports, i)}, preloaded=True)
+        for i in range(2)
+    ]
 
 
 @dataclasses.dataclass
