@@ -442,7 +442,10 @@ def test_two_workers_learn_the_same_steps_and_train_every_example_once(tmp_path:
     ports = [free_port(), free_port()]
     processes = [
         start_python(
-            WORKER, args=[str(folder), str(epochs)], env={"TF_CONFIG": tf_config(ports, index)}
+            WORKER,
+            args=[str(folder), str(epochs)],
+            env={"TF_CONFIG": tf_config(ports, index)},
+            preloaded=True,
         )
         for index in range(2)
     ]
