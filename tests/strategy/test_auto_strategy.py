@@ -269,7 +269,9 @@ print("RESULT", json.dumps({"mwms": isinstance(strategy, tf.distribute.MultiWork
 def test_real_two_worker_localhost_cluster():
     ports = [free_port(), free_port()]
     processes = [
-        start_python(WORKER, env={"TF_CONFIG": tf_config(ports, i), "TIMEOUT": "60"})
+        start_python(
+            WORKER, env={"TF_CONFIG": tf_config(ports, i), "TIMEOUT": "60"}, preloaded=True
+        )
         for i in range(2)
     ]
     results = wait_all(processes, timeout=150)
@@ -289,7 +291,9 @@ def test_real_two_worker_localhost_cluster():
 def test_worker_that_never_starts_gives_a_clear_error_in_time():
     ports = [free_port(), free_port()]
     timeout = 4.0
-    process = start_python(WORKER, env={"TF_CONFIG": tf_config(ports, 0), "TIMEOUT": str(timeout)})
+    process = start_python(
+        WORKER, env={"TF_CONFIG": tf_config(ports, 0), "TIMEOUT": str(timeout)}, preloaded=True
+    )
     [(rc, out, err)] = wait_all([process], timeout=120, check=False)
     assert rc == 3, err[-3000:]
     data = json.loads(next(x for x in out.splitlines() if x.startswith("TIMEOUT "))[8:])
