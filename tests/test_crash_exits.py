@@ -14,6 +14,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from support.processes import (
@@ -268,3 +269,55 @@ def _tails_now(processes: list[Process]) -> str:
 
 def _tails_of(outcomes: list[Outcome]) -> str:
     return "\n".join(f"rc={o.returncode}\n{o.stdout[-2000:]}\n{o.stderr[-3000:]}" for o in outcomes)
+
+
+# A helper thread of tfdp-utils inside a TensorFlow call (a tf.io.gfile read of a pipe written 2 s
+# after the start) when the main thread ends, with a module-level object whose finalizer keeps
+# the interpreter finalizing for 4 s. Unmarked, the read returns while Python finalizes and the
+# process dies by SIGABRT after its last line, as finished 2-worker jobs were seen to (CPython
+# ends such a thread with pthread_exit inside TensorFlow's C++ frames); marked
+# (tfdp_utils._helper_calls), the exit waits for the read and the process exits 0.
+PIPE_READ = r"""
+import os, subprocess, sys, threading, time
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import tensorflow as tf
+from tfdp_utils import _helper_calls
+
+pipe, marked = sys.argv[1], sys.argv[2] == "marked"
+os.mkfifo(pipe)
+subprocess.Popen(["sh", "-c", f"sleep 2; echo written > {pipe}"])
+
+
+def read():  # a TensorFlow call with the GIL released, blocked until the pipe is written
+    if marked:
+        with _helper_calls.call("a read of the test's pipe"):
+            tf.io.gfile.GFile(pipe).read()
+    else:
+        tf.io.gfile.GFile(pipe).read()
+
+
+class SlowTeardown:  # its finalizer runs while Python finalizes: the read returns meanwhile
+    def __del__(self):
+        time.sleep(4)
+
+
+keep = SlowTeardown()
+threading.Thread(target=read, daemon=True).start()
+time.sleep(0.3)
+print("result: main thread done", flush=True)
+"""
+
+
+@pytest.mark.parametrize("marked", [True, False], ids=["marked", "unmarked"])
+def test_a_helper_threads_call_returning_at_exit_cannot_abort_the_process(
+    tmp_path: Path, marked: bool
+) -> None:
+    done = run_python(
+        PIPE_READ, args=(str(tmp_path / "pipe"), "marked" if marked else "unmarked"), timeout=120
+    )
+    assert "result: main thread done" in done.stdout, done.stderr[-3000:]
+    if marked:
+        assert done.returncode == 0, done.stderr[-3000:]
+    else:  # the hazard the marks remove: the call's return during finalization aborts
+        assert done.returncode == -signal.SIGABRT, (done.returncode, done.stderr[-3000:])
+        assert "exception not rethrown" in done.stderr

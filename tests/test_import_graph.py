@@ -40,6 +40,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "tfdp_utils._dataset_info",
         "tfdp_utils._exit_guard",
         "tfdp_utils._exit_barrier",
+        "tfdp_utils._helper_calls",
         "tfdp_utils._interrupts",
         "tfdp_utils._checkpoint_files",
     ),

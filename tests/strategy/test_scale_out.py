@@ -24,7 +24,7 @@ import numpy as np
 import tfdp_utils as tdu
 from tfdp_utils._tf import tf, keras
 
-from tfdp_utils.strategy._faults import DEFAULT_COLLECTIVE_TIMEOUT
+from tfdp_utils.strategy._collective_bound import DEFAULT_COLLECTIVE_TIMEOUT
 
 bound = float(os.environ.get("CT", DEFAULT_COLLECTIVE_TIMEOUT))
 strategy = tdu.auto_strategy(cluster_timeout=60, collective_timeout=bound)

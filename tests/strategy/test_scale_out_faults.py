@@ -11,14 +11,12 @@ import pytest
 from support.processes import run_python
 
 import tfdp_utils as tdu
-from tfdp_utils.strategy._faults import (
+from tfdp_utils.strategy._collective_bound import (
     COLLECTIVE_TIMEOUT_VARIABLE,
     DEFAULT_COLLECTIVE_TIMEOUT,
-    CollectiveWatchdog,
-    end_grace,
-    peer_gone,
     resolve_collective_timeout,
 )
+from tfdp_utils.strategy._faults import CollectiveWatchdog, end_grace, peer_gone
 
 ENDED: list[str] = []
 

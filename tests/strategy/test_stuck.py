@@ -421,6 +421,69 @@ def test_tracker_rereads_the_input_clock_while_one_call_lasts(parked):
         board.close()
 
 
+def waits_in_quick_execute(frame: FrameType) -> bool:
+    """'Inside a TensorFlow call': the first caller outside Python's library is quick_execute."""
+    library = os.path.dirname(threading.__file__)
+    current: FrameType | None = frame
+    while current is not None and current.f_code.co_filename.startswith(library):
+        current = current.f_back
+    return current is not None and current.f_code.co_name == "quick_execute"
+
+
+class Iterators:
+    """Stands for fit's dataset iterators: records the thread that destroys it."""
+
+    destroyed_on: list[str] = []
+
+    def __del__(self) -> None:
+        Iterators.destroyed_on.append(threading.current_thread().name)
+
+
+def test_the_thread_that_stops_the_watchdog_destroys_what_its_held_frames_kept(parked):
+    """After fit returned, the frame the watchdog held (inside a TensorFlow call, its caller
+    fit's) keeps fit's locals alive. At exit, stop() runs on the main thread: their
+    destruction (TensorFlow's C++ destructors, for real iterators) must run there, not on the
+    watchdog's thread, which a slow destruction kept alive past the interpreter's
+    finalization, where TensorFlow aborts the process."""
+    Iterators.destroyed_on.clear()
+    go, returned, release = threading.Event(), threading.Event(), threading.Event()
+
+    def fit() -> None:
+        iterators = Iterators()  # noqa: F841 - kept alive by this frame
+        quick_execute(go)
+
+    def training() -> None:
+        fit()
+        returned.set()
+        release.wait(10)  # the training thread goes on outside fit
+
+    sampled = threading.Event()
+
+    def in_call(frame: FrameType) -> bool:
+        inside = waits_in_quick_execute(frame)
+        if inside:
+            sampled.set()
+        return inside
+
+    thread = threading.Thread(target=training, daemon=True)
+    thread.start()
+    watchdog = CollectiveWatchdog(
+        60.0, thread_id=thread.ident, interval=2.0, in_call=in_call, end=unexpected_end
+    ).start()
+    try:
+        assert sampled.wait(10)  # the watchdog holds the frame inside the call
+        go.set()  # fit returns; the next sample is ~2 s away
+        assert returned.wait(5)
+        assert Iterators.destroyed_on == []  # the held frame keeps them
+        watchdog.stop()
+        assert Iterators.destroyed_on == [threading.current_thread().name]
+    finally:
+        go.set()
+        release.set()
+        watchdog.stop()
+        thread.join(5)
+
+
 def test_watchdog_message_names_the_stuck_peer(parked):
     """Worker 0 waits in a TensorFlow call; worker 1 published 'in a callback'."""
     store = MemoryStore()

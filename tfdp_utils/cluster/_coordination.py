@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from tfdp_utils import _helper_calls
+
 
 class KeyValueStore(Protocol):
     """The operations of TensorFlow's coordination service key-value store."""
@@ -35,14 +37,16 @@ class CoordinationStore:
     def set(self, key: str, value: str) -> None:
         from tensorflow.python.eager import context
 
-        context.context().set_config_key_value(key, value)
+        with _helper_calls.call(f"a write of {key!r} to the coordination service"):
+            context.context().set_config_key_value(key, value)
 
     def get(self, key: str, timeout_ms: int) -> str | None:
         from tensorflow.python.eager import context
         from tensorflow.python.framework import errors
 
         try:
-            value = context.context().get_config_key_value(key, timeout_in_ms=timeout_ms)
+            with _helper_calls.call(f"a read of {key!r} from the coordination service"):
+                value = context.context().get_config_key_value(key, timeout_in_ms=timeout_ms)
         except errors.DeadlineExceededError:
             return None
         return str(value)
@@ -51,4 +55,5 @@ class CoordinationStore:
         """Delete ``key`` (nothing happens when it is not set)."""
         from tensorflow.python.eager import context
 
-        context.context().delete_config_key_value(key)
+        with _helper_calls.call(f"a delete of {key!r} in the coordination service"):
+            context.context().delete_config_key_value(key)

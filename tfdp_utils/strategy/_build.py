@@ -24,7 +24,8 @@ from tfdp_utils.cluster._grpc_probe import describe as describe_answer
 from tfdp_utils.cluster._grpc_probe import grpc_answer
 from tfdp_utils.cluster._rendezvous import wait_for_peers, wait_for_servers
 from tfdp_utils.cluster._topology import is_multi_worker
-from tfdp_utils.strategy._faults import COLLECTIVE_TIMEOUT_VARIABLE, CollectiveWatchdog
+from tfdp_utils.strategy._collective_bound import COLLECTIVE_TIMEOUT_VARIABLE
+from tfdp_utils.strategy._faults import CollectiveWatchdog
 
 if TYPE_CHECKING:
     from tfdp_utils.strategy._strategy_choice import StrategyChoice

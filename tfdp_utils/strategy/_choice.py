@@ -29,10 +29,13 @@ from tfdp_utils.strategy._build import (
     connect_tpu,
     resolve_cluster_timeout,
 )
+from tfdp_utils.strategy._collective_bound import (
+    DEFAULT_COLLECTIVE_TIMEOUT,
+    resolve_collective_timeout,
+)
 from tfdp_utils.strategy._detect import Environment, detect_environment
 from tfdp_utils.strategy._environment_check import check_prefer as _check_prefer
 from tfdp_utils.strategy._environment_check import raise_first_problem
-from tfdp_utils.strategy._faults import DEFAULT_COLLECTIVE_TIMEOUT, resolve_collective_timeout
 from tfdp_utils.strategy._resuming import checked_directory, resume_reason
 from tfdp_utils.strategy._strategy_choice import StrategyChoice, StrategyKind
 from tfdp_utils.strategy._xla import keras_xla

@@ -20,7 +20,10 @@ from tfdp_utils._validate import env_seconds, mapping, positive_float
 from tfdp_utils.cluster._environments import ENVIRONMENTS
 from tfdp_utils.cluster._slurm import slurm_port_base
 from tfdp_utils.strategy._build import DEFAULT_CLUSTER_TIMEOUT, resolve_cluster_timeout
-from tfdp_utils.strategy._faults import DEFAULT_COLLECTIVE_TIMEOUT, resolve_collective_timeout
+from tfdp_utils.strategy._collective_bound import (
+    DEFAULT_COLLECTIVE_TIMEOUT,
+    resolve_collective_timeout,
+)
 
 STRATEGY_KINDS: tuple[str, ...] = (
     "tpu",

@@ -38,22 +38,15 @@ import traceback
 import weakref
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
 
-from tfdp_utils import _variables
+from tfdp_utils import _helper_calls
 from tfdp_utils._public import public
-from tfdp_utils._validate import is_off_word
 from tfdp_utils._waiting import WaitProgress
+from tfdp_utils.strategy._collective_bound import COLLECTIVE_TIMEOUT_VARIABLE, timeout_message
 from tfdp_utils.strategy._phase_tracker import PhaseTracker
 from tfdp_utils.strategy._stuck import calls_into
 
 logger = logging.getLogger("tfdp_utils")
-
-DEFAULT_COLLECTIVE_TIMEOUT = 600.0
-"""Seconds one multi-worker call may wait before the watchdog aborts collectives."""
-
-COLLECTIVE_TIMEOUT_VARIABLE = _variables.COLLECTIVE_TIMEOUT
-"""Environment variable that replaces :data:`DEFAULT_COLLECTIVE_TIMEOUT`; ``0`` turns it off."""
 
 NEWS_EVERY = 2.0
 """Seconds between two reads of the peers' abort marks by a worker stuck outside TensorFlow."""
@@ -66,13 +59,13 @@ def stop_watchdogs() -> None:
     """Stop every running watchdog (at exit: before finalization, and before the exit
     barrier, so that no helper thread uses the coordination service while the workers leave).
     """
-    # A watchdog holds the training thread's frame while that thread is inside a TensorFlow
-    # call; dropping it frees the frame's locals (dataset iterators among them). Done by a
-    # daemon thread once the interpreter is finalizing, that free aborts the process in
+    # A watchdog holds the training thread's frames (dataset iterators in their locals);
+    # freed by a daemon thread while the interpreter finalizes, they abort the process in
     # TensorFlow's C++ destructors ("FATAL: exception not rethrown"), so every watchdog stops
-    # here, before finalization (stopping one that has ended already costs nothing).
+    # here, and its helper threads' TensorFlow calls (phase writes, counter reads) end here.
     for watchdog in list(_RUNNING):
         watchdog.stop()
+    _helper_calls.drain()
 
 
 def _explain_uncaught(error: BaseException) -> str | None:
@@ -81,58 +74,6 @@ def _explain_uncaught(error: BaseException) -> str | None:
         if line:
             return line
     return None
-
-
-def resolve_collective_timeout(
-    value: float | None, environ: dict[str, str] | None = None
-) -> float | None:
-    """The collective bound in force: the argument, or ``TFDP_COLLECTIVE_TIMEOUT`` for the default.
-
-    Args:
-        value: seconds, :data:`DEFAULT_COLLECTIVE_TIMEOUT`, or None / 0 / ``inf`` for no
-            bound.
-        environ: variables to read instead of ``os.environ``. Defaults to `None`.
-
-    Returns:
-        Seconds, or None when collectives are unbounded.
-
-    Raises:
-        ValueError: a negative or non-numeric bound, naming where it came from.
-    """
-    environ = dict(os.environ) if environ is None else environ
-    source = "collective_timeout"
-    if value == DEFAULT_COLLECTIVE_TIMEOUT and environ.get(COLLECTIVE_TIMEOUT_VARIABLE, "").strip():
-        text = environ[COLLECTIVE_TIMEOUT_VARIABLE].strip()
-        source = COLLECTIVE_TIMEOUT_VARIABLE
-        if is_off_word(text):
-            return None
-        try:
-            value = float(text)
-        except ValueError:
-            raise ValueError(
-                f"{COLLECTIVE_TIMEOUT_VARIABLE}={text!r} is not a number of seconds; set it to "
-                f"e.g. {DEFAULT_COLLECTIVE_TIMEOUT:g}, or 0 to wait without a bound."
-            ) from None
-    if value is None or value == 0 or value == float("inf"):
-        return None  # "inf" waits without a bound, as 0 / "off" do
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(
-            f"{source}={value!r} must be a positive number of seconds, or 0 / None to wait "
-            "without a bound."
-        )
-    return float(value)
-
-
-def timeout_message(timeout: float, waited: float, where: str) -> str:
-    """The error text for a collective that waited past the bound."""
-    return (
-        f"tfdp_utils: this worker waited {waited:.0f} s inside one TensorFlow call ({where}) "
-        f"with collective_timeout={timeout:g} s, so its collectives were aborted: a peer worker "
-        "is stuck or gone (check the other tasks' logs). Restart every task to recover (with "
-        "BackupAndRestore, training resumes). If a step, the first trace or a save really "
-        "takes that long, raise the bound with auto_strategy(collective_timeout=SECONDS) or "
-        f"{COLLECTIVE_TIMEOUT_VARIABLE}=SECONDS (0 turns it off)."
-    )
 
 
 STUCK_STATUS = 1
@@ -279,6 +220,7 @@ class CollectiveWatchdog:
         self._phases = phases(in_call) if phases is not None else None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._held: FrameType | None = None  # the frame inside a TensorFlow call, if any
         self.fired: str | None = None
         """The message, once the watchdog has aborted collectives; None before."""
         self.prepared: str | None = None
@@ -304,11 +246,22 @@ class CollectiveWatchdog:
         return self
 
     def stop(self) -> None:
-        """Stop sampling and let go of the training thread's frame (idempotent)."""
+        """Stop sampling; the calling thread lets go of the held frames last (idempotent).
+
+        Held frames keep a returned ``fit``'s iterators alive; destroyed by the watchdog's
+        thread at exit, they outlived the join under load and TensorFlow aborted the process
+        in the interpreter's finalization (status -6): the caller destroys them itself.
+        """
+        tracker = self._phases
+        kept = [self._held, *(tracker.holding() if tracker is not None else ())]
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(5.0)
         _RUNNING.discard(self)
+        if tracker is not None:
+            tracker.release()
+        self._held = None
+        kept.clear()  # the last references, when the watchdog's thread has ended
 
     @property
     def running(self) -> bool:
@@ -446,7 +399,8 @@ class CollectiveWatchdog:
     def _sample_until_stopped(self) -> None:
         # The frame inside a TensorFlow call, held so its identity cannot be reused; None
         # between calls, so the training thread's objects are not kept alive longer than that.
-        held: Any = None
+        # An attribute, not a local: stop() takes it over (see there).
+        self._held = None
         held_lasti = -1
         since = 0.0
         progress: WaitProgress | None = None
@@ -458,11 +412,11 @@ class CollectiveWatchdog:
             now = time.monotonic()
             self._track(frame)
             if not self._in_call(frame):
-                if held is not None and prepared:
+                if self._held is not None and prepared:
                     self._prepared_ended = now
-                held = frame = None
+                self._held = frame = None
                 continue
-            if frame is held and frame.f_lasti == held_lasti:
+            if frame is self._held and frame.f_lasti == held_lasti:
                 waited = now - since
                 if progress is not None:
                     progress.tick()
@@ -484,13 +438,13 @@ class CollectiveWatchdog:
                     if self._phases is not None:  # the peers stuck outside TensorFlow end
                         self._mark_aborted(frame, waited)
                     self._abort(message)
-                    held = None
+                    self._held = None
                     self._linger(frame, held_lasti, where)
                     return
             else:
-                if held is not None and prepared:
+                if self._held is not None and prepared:
                     self._prepared_ended = now
-                held, held_lasti, since, prepared = frame, frame.f_lasti, now, False
+                self._held, held_lasti, since, prepared = frame, frame.f_lasti, now, False
                 progress = WaitProgress(
                     "one multi-worker call (a peer, or a slow step, first trace or save)",
                     bound=self.timeout,

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from tfdp_utils import _helper_calls
 from tfdp_utils._dataset_info import record_of
 from tfdp_utils.strategy._phase_board import PhaseBoard
 from tfdp_utils.strategy._stuck import Phase, StepFacts, diagnose, frame_phase, resolve
@@ -95,6 +96,10 @@ class PhaseTracker:
         if not any(p is not None and p.kind == "step" for p in others.values()):
             return None
         return diagnose(self.board.worker, self._resolved, others, now=self._clock())
+
+    def holding(self) -> tuple[FrameType, ...]:
+        """The frames held now (for a caller that lets go of them last, on its own thread)."""
+        return tuple(frame for frame in (self._anchor, self._told) if frame is not None)
 
     def release(self) -> None:
         """Let go of the held frames (the training thread's objects)."""
@@ -203,14 +208,15 @@ def _read_counts(model: Any, clock: Any, count: Callable[[Any], int] = _updates)
     finished = waits_for = None
     early = False
     try:
-        if clock is not None:  # host variables: read first, they always answer
-            progress = clock.progress()
-            if int(progress.requested) > int(progress.received):
-                waits_for = int(progress.requested)
-        if model is not None:
-            early = counts_running_step(model.optimizer)
-            finished = count(model)
-    except Exception as error:  # a read during teardown: the phase goes without a number
+        with _helper_calls.call("the collective watchdog's read of the step counter"):
+            if clock is not None:  # host variables: read first, they always answer
+                progress = clock.progress()
+                if int(progress.requested) > int(progress.received):
+                    waits_for = int(progress.requested)
+            if model is not None:
+                early = counts_running_step(model.optimizer)
+                finished = count(model)
+    except Exception as error:  # a read during teardown or the exit: no number
         logger.debug("tfdp_utils: cannot read the step counter: %s", error)
     return StepFacts(finished, early, waits_for)
 
