@@ -271,12 +271,13 @@ def _tails_of(outcomes: list[Outcome]) -> str:
     return "\n".join(f"rc={o.returncode}\n{o.stdout[-2000:]}\n{o.stderr[-3000:]}" for o in outcomes)
 
 
-# A helper thread of tfdp-utils inside a TensorFlow call (a tf.io.gfile read of a pipe written 2 s
-# after the start) when the main thread ends, with a module-level object whose finalizer keeps
-# the interpreter finalizing for 4 s. Unmarked, the read returns while Python finalizes and the
-# process dies by SIGABRT after its last line, as finished 2-worker jobs were seen to (CPython
-# ends such a thread with pthread_exit inside TensorFlow's C++ frames); marked
-# (tfdp_utils._helper_calls), the exit waits for the read and the process exits 0.
+# A helper thread of tfdp-utils inside a TensorFlow call (a tf.io.gfile read of a pipe written
+# 1 s after the main thread's end) when the main thread ends, with a sys.stdout whose flush
+# (Python flushes it after it began finalizing) keeps the interpreter finalizing for 4 s.
+# Unmarked, the read returns while Python finalizes and the process dies by SIGABRT after its
+# last line, as finished 2-worker jobs were seen to (CPython ends such a thread with
+# pthread_exit inside TensorFlow's C++ frames); marked (tfdp_utils._helper_calls), the exit
+# waits for the read and the process exits 0.
 PIPE_READ = r"""
 import os, subprocess, sys, threading, time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -285,10 +286,11 @@ from tfdp_utils import _helper_calls
 
 pipe, marked = sys.argv[1], sys.argv[2] == "marked"
 os.mkfifo(pipe)
-subprocess.Popen(["sh", "-c", f"sleep 2; echo written > {pipe}"])
+reading = threading.Event()
 
 
-def read():  # a TensorFlow call with the GIL released, blocked until the pipe is written
+def read():  # a TensorFlow call with the GIL released: it opens the pipe and waits for a line
+    reading.set()
     if marked:
         with _helper_calls.call("a read of the test's pipe"):
             tf.io.gfile.GFile(pipe).read()
@@ -296,14 +298,27 @@ def read():  # a TensorFlow call with the GIL released, blocked until the pipe i
         tf.io.gfile.GFile(pipe).read()
 
 
-class SlowTeardown:  # its finalizer runs while Python finalizes: the read returns meanwhile
-    def __del__(self):
-        time.sleep(4)
+class SlowFlush:  # Python flushes sys.stdout once finalizing: the read returns meanwhile
+    def __init__(self, out):
+        self.out = out
+
+    def write(self, text):
+        return self.out.write(text)
+
+    def flush(self, sleep=time.sleep, finalizing=sys.is_finalizing):
+        self.out.flush()
+        if finalizing():
+            sleep(4)
 
 
-keep = SlowTeardown()
+sys.stdout = SlowFlush(sys.stdout)
 threading.Thread(target=read, daemon=True).start()
-time.sleep(0.3)
+reading.wait(60)
+time.sleep(1)  # the thread is inside TensorFlow's open of the pipe (it waits for a writer)
+# The line comes 1 s after the main thread's end (never holding this process's output open).
+writer = f"sleep 1; echo written > {pipe}"
+subprocess.Popen(["timeout", "30", "sh", "-c", writer], stdout=subprocess.DEVNULL,
+                 stderr=subprocess.DEVNULL)
 print("result: main thread done", flush=True)
 """
 

@@ -36,8 +36,11 @@ from tfdp_utils import _exit_barrier, _exit_guard
 from tfdp_utils._tf import IS_KERAS3, keras
 from tfdp_utils.callbacks import ThroughputLogger
 from tfdp_utils.strategy._build import DEFAULT_CLUSTER_TIMEOUT, resolve_cluster_timeout
+from tfdp_utils.strategy._collective_bound import (
+    DEFAULT_COLLECTIVE_TIMEOUT,
+    resolve_collective_timeout,
+)
 from tfdp_utils.strategy._environment_check import check_environment, raise_first_problem
-from tfdp_utils.strategy._faults import DEFAULT_COLLECTIVE_TIMEOUT, resolve_collective_timeout
 
 pytestmark = pytest.mark.keras
 

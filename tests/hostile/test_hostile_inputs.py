@@ -21,7 +21,7 @@ import tfdp_utils as tdu
 from tfdp_utils._tf import keras
 from tfdp_utils.cluster._config import parse_tf_config
 from tfdp_utils.cluster._slurm import parse_slurm
-from tfdp_utils.strategy._faults import resolve_collective_timeout
+from tfdp_utils.strategy._collective_bound import resolve_collective_timeout
 
 
 def _strategy() -> Any:
