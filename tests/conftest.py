@@ -83,6 +83,46 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _file_seconds[path] = _file_seconds.get(path, 0.0) + report.duration
 
 
+# With TFDP_TEST_CPU (a folder), each test's CPU seconds as well: the test process's own, its
+# ended child processes' and the preloaded jobs' (support.preloaded), one JSON line per test in
+# a file per test process (scripts/suite_cpu.py adds them up): the suite's cores are its bound.
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    folder = os.environ.get("TFDP_TEST_CPU")
+    if not folder:
+        yield
+        return
+    import json
+    import resource
+    import time
+
+    from support.preloaded import JOBS_CPU
+
+    def now() -> tuple[float, float, float, float]:
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return (
+            time.monotonic(),
+            time.process_time(),
+            children.ru_utime + children.ru_stime,
+            JOBS_CPU["seconds"],
+        )
+
+    before = now()
+    yield
+    after = now()
+    wall, own, children, jobs = (round(b - a, 3) for a, b in zip(before, after, strict=True))
+    record = {
+        "test": item.nodeid,
+        "legacy": os.environ.get("TF_USE_LEGACY_KERAS") == "1",
+        "wall": wall,
+        "own": own,
+        "children": children,
+        "jobs": jobs,
+    }
+    with open(os.path.join(folder, f"{os.getpid()}.jsonl"), "a") as handle:
+        handle.write(json.dumps(record) + "\n")
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     target = os.environ.get("TFDP_TEST_TIMES")
     if target:

@@ -119,11 +119,12 @@ def handle(request):
 
 def reap():
     while children:
-        pid, status = os.waitpid(-1, os.WNOHANG)
+        pid, status, usage = os.wait4(-1, os.WNOHANG)
         if pid == 0:
             return
         children.discard(pid)
-        reply(f"exit {pid} {os.waitstatus_to_exitcode(status)}")
+        cpu = usage.ru_utime + usage.ru_stime
+        reply(f"exit {pid} {os.waitstatus_to_exitcode(status)} {cpu:.3f}")
 
 
 reply("ready")
@@ -182,6 +183,7 @@ class Preloader:
             word, *rest = line.split()
             if word == "exit":
                 self.exits[int(rest[0])] = int(rest[1])
+                JOBS_CPU["seconds"] += float(rest[2])
             elif word == "started":
                 self._started.append(int(rest[0]))
 
@@ -236,6 +238,9 @@ class Preloader:
         self.popen.stdout.close()
         self._log.close()
 
+
+JOBS_CPU = {"seconds": 0.0}
+"""CPU seconds (user + system) of the forked jobs seen ending so far (the suite's CPU record)."""
 
 _PRELOADERS: dict[tuple[str | None, ...], Preloader] = {}
 
