@@ -133,3 +133,38 @@ def test_a_fit_stopped_in_its_first_epoch_leaves_nothing_waiting(name: str) -> N
     _learned_steps.join_releases(timeout=30.0)
     assert stop.batches == 3
     assert not _stream_threads(), "a read still waits for steps that will never come"
+
+
+def test_a_slow_build_is_said_while_the_second_epoch_waits_and_ends_in_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tfdp_utils import _waiting
+
+    passes: list[float] = []
+    _, learned = _learned("1 replica", passes)
+    release = threading.Event()
+    make = learned._make_iterator
+
+    def held_build(*args: Any, **kwargs: Any) -> Any:  # the build, held until released
+        release.wait(60)
+        return make(*args, **kwargs)
+
+    monkeypatch.setattr(learned, "_make_iterator", held_build)
+    monkeypatch.setattr(_learned_steps, "_BUILD_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(_waiting, "PROGRESS_INTERVAL", 0.2)
+    learned.start_stream(1)
+    try:
+        with (
+            caplog.at_level("WARNING", logger="tfdp_utils"),
+            pytest.raises(TimeoutError, match=r"was not built within 1 s; undo the compat change"),
+        ):
+            learned.stream_iterator(1, STEPS)
+    finally:
+        release.set()
+        learned.end()
+        _learned_steps.join_releases(timeout=30.0)
+    said = [r.getMessage() for r in caplog.records if "still waiting for" in r.getMessage()]
+    assert said, "the wait said nothing"
+    assert "to be built on thread tfdp-build-stream (now in held_build < _build)" in said[0]
+    assert "bound 1 s; change it with tdu.compat.undo('fit-one-iterator')" in said[0]
+    assert not _stream_threads()

@@ -42,12 +42,14 @@ import contextlib
 import contextvars
 import dataclasses
 import random
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 from tfdp_utils._dataset_info import carry, info_of, record_of
+from tfdp_utils._waiting import Deadline, WaitProgress, join_within
 
 _BUILD_TIMEOUT_S = 600.0  # the stream's build on its thread, waited for by the second epoch
 
@@ -167,7 +169,16 @@ class LearnedEpochs:
             self.iterator = self._make_iterator(first_epoch, steps)
             return self.iterator
         self.steps.learn(steps)
-        self._builder.join(timeout=_BUILD_TIMEOUT_S)
+        builder = self._builder
+        join_within(
+            builder,
+            deadline=Deadline(_BUILD_TIMEOUT_S),
+            progress=WaitProgress(
+                lambda: _building(builder),
+                bound=_BUILD_TIMEOUT_S,
+                change="tdu.compat.undo('fit-one-iterator') before fit (a new iterator per epoch)",
+            ),
+        )
         with self._lock:
             done, built = self._build_ended, (self._built.pop() if self._built else None)
         if done and built is None:  # not primed: made now, as without the thread
@@ -184,6 +195,23 @@ class LearnedEpochs:
             raise built
         self.iterator = built
         return self.iterator
+
+
+def _building(thread: threading.Thread) -> str:
+    """What the second epoch waits for: the stream's build, and where its thread is now."""
+    frame = sys._current_frames().get(thread.ident or 0)
+    where = ""
+    if frame is not None:
+        names: list[str] = []
+        while frame is not None and len(names) < 3:  # the innermost calls past threading's
+            if frame.f_code.co_filename != threading.__file__:
+                names.append(frame.f_code.co_name)
+            frame = frame.f_back
+        where = f" (now in {' < '.join(names)})"
+    return (
+        f"the stream of this fit's epochs from its second on (a dataset of unknown size read "
+        f"through one iterator) to be built on thread {thread.name}{where}"
+    )
 
 
 _RELEASE_TIMEOUT_S = 60.0  # a destruction that takes longer is left to the interpreter
