@@ -39,11 +39,20 @@ def pure_modules() -> list[Path]:
     return sorted(p for p in (REPO / "tests").rglob("test_*.py") if is_pure_module(p))
 
 
+_GIVEN_PORTS: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port on 127.0.0.1 that nothing listens on right now, and never one this process
+    was given before: the kernel may hand a port just released out again, and two of them in
+    one TF_CONFIG make an invalid cluster ("address ... appears twice")."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _GIVEN_PORTS:
+            _GIVEN_PORTS.add(port)
+            return port
 
 
 def _child_env(env: Mapping[str, str | None] | None) -> dict[str, str]:
