@@ -60,7 +60,12 @@ def run_workers(log_dir: Path, flavour: str, timeout: float = 240) -> list[dict[
         # keras#20585: Keras 3 fit under MWMS needs tfdp_utils.compat's workaround.
         env.update(TF_USE_LEGACY_KERAS=None, APPLY_COMPAT="1")
     processes = [
-        start_python(WORKER, args=[str(log_dir)], env={**env, "TF_CONFIG": tf_config(ports, index)})
+        start_python(
+            WORKER,
+            args=[str(log_dir)],
+            env={**env, "TF_CONFIG": tf_config(ports, index)},
+            preloaded=True,
+        )
         for index in range(2)
     ]
     return [result_line(outcome, "SUMMARY") for outcome in wait_all(processes, timeout=timeout)]

@@ -73,7 +73,12 @@ def run_job(
     if slow_worker is not None:
         env["SLOW_WORKER"] = str(slow_worker)
     processes = [
-        start_python(WORKER, args=[str(log_dir)], env={**env, "TF_CONFIG": tf_config(ports, i)})
+        start_python(
+            WORKER,
+            args=[str(log_dir)],
+            env={**env, "TF_CONFIG": tf_config(ports, i)},
+            preloaded=True,
+        )
         for i in range(2)
     ]
     return [result_line(outcome, "SUMMARY") for outcome in wait_all(processes, timeout=240)]

@@ -78,7 +78,8 @@ def test_indexed_job_and_jobset_train_as_tf_config():
     for name, environment in environments.items():
         ports = [free_port(), free_port()]
         processes[name] = [
-            start_python(WORKER, env={"TF_CONFIG": None, **environment(ports, i)}) for i in range(2)
+            start_python(WORKER, env={"TF_CONFIG": None, **environment(ports, i)}, preloaded=True)
+            for i in range(2)
         ]
     outcomes = {}
     try:

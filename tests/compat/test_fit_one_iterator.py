@@ -530,6 +530,7 @@ def test_two_workers_train_every_example_once_per_epoch_with_equal_steps(
             WORKER,
             args=[str(folder), str(epochs)],
             env={"TF_CONFIG": tf_config(ports, index)},
+            preloaded=True,
         )
         for index in range(2)
     ]

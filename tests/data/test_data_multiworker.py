@@ -210,6 +210,7 @@ def _launch(
             WORKER,
             args=[str(tmp_path), json.dumps(spec)],
             env={"TF_CONFIG": tf_config(ports, index)},
+            preloaded=True,
         )
         for index in range(num_workers)
     ]

@@ -187,7 +187,10 @@ def test_two_trainer_workers_multi_worker_mirrored(service: str, tmp_path: Path)
     ports = [free_port() for _ in range(2)]
     processes = [
         start_python(
-            TRAINER, args=[service, str(tmp_path)], env={"TF_CONFIG": tf_config(ports, index)}
+            TRAINER,
+            args=[service, str(tmp_path)],
+            env={"TF_CONFIG": tf_config(ports, index)},
+            preloaded=True,
         )
         for index in range(2)
     ]
@@ -253,7 +256,9 @@ def test_cli_servers_and_a_service_worker_killed_mid_epoch() -> None:
         assert "unauthenticated" in processes[0].stderr()
         for process in processes[1:]:
             _wait_for(process, "registered with the dispatcher", 90)
-        trainer = start_python(SLOW_TRAINER, args=[f"grpc://127.0.0.1:{port}", str(bound)])
+        trainer = start_python(
+            SLOW_TRAINER, args=[f"grpc://127.0.0.1:{port}", str(bound)], preloaded=True
+        )
         _wait_for(trainer, "SEEN 80", 90)
         processes[2].kill()  # one service worker dies holding part of the epoch
         killed = time.monotonic()

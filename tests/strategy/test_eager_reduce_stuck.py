@@ -49,7 +49,8 @@ def test_a_reduce_outside_a_step_that_a_peer_never_joins_ends_within_the_bound()
     ports = [free_port(), free_port()]
     env = {"CT": str(BOUND), "TF_CPP_MIN_LOG_LEVEL": "2"}
     processes = [
-        start_python(SCRIPT, env={**env, "TF_CONFIG": tf_config(ports, i)}) for i in range(2)
+        start_python(SCRIPT, env={**env, "TF_CONFIG": tf_config(ports, i)}, preloaded=True)
+        for i in range(2)
     ]
     try:
         deadline = time.monotonic() + 150
