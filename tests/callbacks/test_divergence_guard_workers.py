@@ -265,9 +265,17 @@ def test_stop_names_worker_one_and_both_workers_stop_with_finite_weights() -> No
         assert_the_guard_leaves_keras_async_as_it_was(result)
 
 
-def test_skip_ends_with_the_weights_of_a_job_without_that_batch() -> None:
+@pytest.fixture(scope="module")
+def without_that_batch() -> list[Any]:
+    """The unguarded job whose data leaves batch 3 out on both workers (one per module)."""
+    return run_job("without")
+
+
+def test_skip_ends_with_the_weights_of_a_job_without_that_batch(
+    without_that_batch: list[Any],
+) -> None:
     guarded = run_job("inf", policy="skip")
-    reference = run_job("without")
+    reference = without_that_batch
     for result in guarded:
         assert result["skipped"] == 2 and not result["stopped"] and result["epochs"] == 2
         assert result["divergence"][2:4] == [4, [1]]
@@ -276,12 +284,14 @@ def test_skip_ends_with_the_weights_of_a_job_without_that_batch() -> None:
     assert guarded[1]["weights"] == guarded[0]["weights"]
 
 
-def test_steps_per_execution_over_two_workers_names_the_step_and_skips_it() -> None:
+def test_steps_per_execution_over_two_workers_names_the_step_and_skips_it(
+    without_that_batch: list[Any],
+) -> None:
     """Batch 3 lies inside an execution of 2 steps: the step itself is named, and the job
     ends with the weights of a job without that batch (no guard, one step per execution: its
     7-step epochs could not keep the guarded job's executions of 2)."""
     guarded = run_job("inf", policy="skip", steps_per_execution=2)
-    reference = run_job("without")
+    reference = without_that_batch
     for result in guarded:
         assert result["divergence"] == [0, 3, 4, [1], [1], [1]]
         assert result["skipped"] == 2 and not result["stopped"] and result["epochs"] == 2
