@@ -333,18 +333,20 @@ def test_parameter_server_cluster_trains_on_tf_keras_and_is_refused_clearly_on_k
     if IS_KERAS3:
         # Refused at once (15 s from launch at load 8), bounded as the tf_keras job is: a
         # 60-s bound ran out beside 12 busy processes (TensorFlow's import alone took 30 s).
-        [(rc, out, err)] = wait_all([start_python(PS_SCRIPT, env=chief)], timeout=150, check=False)
+        refused = start_python(PS_SCRIPT, env=chief, preloaded=True)
+        [(rc, out, err)] = wait_all([refused], timeout=150, check=False)
         assert rc == 4, err[-3000:]
         message = _line(out, "REFUSED")["message"]
         assert "cannot train with ParameterServerStrategy" in message
         assert "TF_USE_LEGACY_KERAS=1" in message
         return
     servers = [
-        start_python(PS_SCRIPT, env={"TF_CONFIG": _tf_config(cluster, kind, 0)})
+        start_python(PS_SCRIPT, env={"TF_CONFIG": _tf_config(cluster, kind, 0)}, preloaded=True)
         for kind in ("worker", "ps")
     ]
     try:
-        [(rc, out, err)] = wait_all([start_python(PS_SCRIPT, env=chief)], timeout=150)
+        trained = start_python(PS_SCRIPT, env=chief, preloaded=True)
+        [(rc, out, err)] = wait_all([trained], timeout=150)
     finally:
         for server in servers:
             server.close()
