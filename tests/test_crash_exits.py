@@ -55,7 +55,12 @@ for i in range(8):
 def reader(path):
     def generate():
         for i in range(100_000):
-            time.sleep(0.002)  # latency-bound: the pipeline is busy when the job crashes
+            # Latency-bound, so that the pipeline is still reading when the job crashes and
+            # while it exits: the hang needs a reader in Python when the interpreter finalizes.
+            # Readers of 0.002 s per example filled the prefetch buffers in the seconds a
+            # loaded machine takes to exit (then no reader runs and the process ends: 1 of 6
+            # unguarded runs at load 5, 3 of 6 with no sleep at all, 0 of 8 at 0.02 s).
+            time.sleep(0.02)
             yield np.array([i, 1, 2, 3], "float32"), np.array([1], "float32")
 
     spec = (tf.TensorSpec([4], tf.float32), tf.TensorSpec([1], tf.float32))
@@ -123,8 +128,15 @@ def test_without_the_guard_the_same_crash_never_ends(tmp_path) -> None:
             assert process.popen.poll() is None, process.tail()
             assert time.monotonic() < deadline, process.tail()
             time.sleep(0.2)
-        with pytest.raises(subprocess.TimeoutExpired):
-            process.popen.wait(timeout=STILL_ALIVE)
+        seen = time.monotonic()
+        try:
+            status = process.popen.wait(timeout=STILL_ALIVE)
+        except subprocess.TimeoutExpired:
+            return  # still alive STILL_ALIVE s after its traceback: the hang
+        raise AssertionError(
+            f"the unguarded crash ended {time.monotonic() - seen:.1f} s after its traceback "
+            f"with status {status}: no hang reproduced\n{process.tail()}"
+        )
     finally:
         if process.popen.poll() is None:
             process.popen.kill()
