@@ -39,6 +39,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -218,10 +219,24 @@ def combo(crash: str, run: int) -> Combo:
     return Combo(crash, source, (2, 1)[(run // 5) % 2], workers, apis[(run // 2) % len(apis)])
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+_GIVEN_PORTS: set[int] = set()
+_PORTS_LOCK = threading.Lock()
+
+
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports on 127.0.0.1, none given before by this process (runs go
+    on in threads at once; the kernel may hand a port just released out again, and a
+    TF_CONFIG holding one address twice is refused)."""
+    with _PORTS_LOCK:
+        ports: list[int] = []
+        while len(ports) < count:
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = int(sock.getsockname()[1])
+            if port not in _GIVEN_PORTS:
+                _GIVEN_PORTS.add(port)
+                ports.append(port)
+        return ports
 
 
 def _expected(crash: str, status: int) -> bool:
@@ -275,7 +290,7 @@ def _native_crash(lines: list[str]) -> list[str]:
 
 def one_run(combo: Combo, script: Path, data: Path, flavour: str, bound: float) -> list[str]:
     """The problems of one run (empty: every judged worker ended in time with its status)."""
-    ports = [_free_port() for _ in range(combo.workers)]
+    ports = _free_ports(combo.workers)
     folder = Path(tempfile.mkdtemp(prefix="crash-"))
     processes = []
     for index in range(combo.workers):
