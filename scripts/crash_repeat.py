@@ -35,14 +35,14 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from _ports import free_ports
 
 WORKER = r"""
 import faulthandler, json, os, signal, sys, time
@@ -219,26 +219,6 @@ def combo(crash: str, run: int) -> Combo:
     return Combo(crash, source, (2, 1)[(run // 5) % 2], workers, apis[(run // 2) % len(apis)])
 
 
-_GIVEN_PORTS: set[int] = set()
-_PORTS_LOCK = threading.Lock()
-
-
-def _free_ports(count: int) -> list[int]:
-    """``count`` distinct free ports on 127.0.0.1, none given before by this process (runs go
-    on in threads at once; the kernel may hand a port just released out again, and a
-    TF_CONFIG holding one address twice is refused)."""
-    with _PORTS_LOCK:
-        ports: list[int] = []
-        while len(ports) < count:
-            with socket.socket() as sock:
-                sock.bind(("127.0.0.1", 0))
-                port = int(sock.getsockname()[1])
-            if port not in _GIVEN_PORTS:
-                _GIVEN_PORTS.add(port)
-                ports.append(port)
-        return ports
-
-
 def _expected(crash: str, status: int) -> bool:
     if crash in ("error", "watchdog"):
         return status == 1
@@ -290,7 +270,7 @@ def _native_crash(lines: list[str]) -> list[str]:
 
 def one_run(combo: Combo, script: Path, data: Path, flavour: str, bound: float) -> list[str]:
     """The problems of one run (empty: every judged worker ended in time with its status)."""
-    ports = _free_ports(combo.workers)
+    ports = free_ports(combo.workers)
     folder = Path(tempfile.mkdtemp(prefix="crash-"))
     processes = []
     for index in range(combo.workers):

@@ -29,13 +29,14 @@ import dataclasses
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+
+from _ports import free_ports
 
 WORKER = r"""
 import json, os, sys
@@ -92,26 +93,6 @@ if skew:
 """
 
 
-_GIVEN_PORTS: set[int] = set()
-_PORTS_LOCK = threading.Lock()
-
-
-def _free_ports(count: int) -> list[int]:
-    """``count`` distinct free ports on 127.0.0.1, none given before by this process (runs go
-    on in threads at once; the kernel may hand a port just released out again, and a
-    TF_CONFIG holding one address twice is refused)."""
-    with _PORTS_LOCK:
-        ports: list[int] = []
-        while len(ports) < count:
-            with socket.socket() as sock:
-                sock.bind(("127.0.0.1", 0))
-                port = int(sock.getsockname()[1])
-            if port not in _GIVEN_PORTS:
-                _GIVEN_PORTS.add(port)
-                ports.append(port)
-        return ports
-
-
 @dataclasses.dataclass
 class Run:
     """One run's outcome: its skew, each worker's status, seconds to exit and last stderr lines."""
@@ -129,7 +110,7 @@ def _one_run(
     script: Path, data_dir: str, flavour: str, timeout: float, run: int, skew: float, late: int
 ) -> Run:
     """Run one 2-worker job; worker ``late`` sleeps ``skew`` seconds after its result line."""
-    ports = _free_ports(2)
+    ports = free_ports(2)
     cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
     processes = []
     start = time.monotonic()

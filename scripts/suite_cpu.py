@@ -30,7 +30,7 @@ def main() -> None:
     by_file: dict[tuple[str, str], float] = defaultdict(float)
     by_test: list[tuple[float, str, str]] = []
     for record in records:
-        flavour = "tf_keras" if record["legacy"] else "keras3"
+        flavour = record["flavour"]
         cpu = record["own"] + record["children"] + record["jobs"]
         totals = by_flavour[flavour]
         for i, key in enumerate(("own", "children", "jobs")):

@@ -113,7 +113,13 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     wall, own, children, jobs = (round(b - a, 3) for a, b in zip(before, after, strict=True))
     record = {
         "test": item.nodeid,
-        "legacy": os.environ.get("TF_USE_LEGACY_KERAS") == "1",
+        "flavour": (
+            "pure"  # the pure pass refuses TensorFlow (support.no_tensorflow)
+            if "tensorflow" not in sys.modules
+            else "tf_keras"
+            if os.environ.get("TF_USE_LEGACY_KERAS") == "1"
+            else "keras3"
+        ),
         "wall": wall,
         "own": own,
         "children": children,
