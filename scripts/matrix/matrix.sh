@@ -52,7 +52,7 @@ build() {
   # Keras comes with it (`keras`, or `keras-nightly` for 2.22). tf-keras of the minor, else the
   # newest tf-keras-nightly build of it (tf-keras has no 2.22 release yet).
   local next=$((M + 1))
-  { "${pip[@]}" "tensorflow-cpu>=2.$M.0rc0,<2.$next.0" pytest pytest-timeout hypothesis scikit-learn &&
+  { "${pip[@]}" "tensorflow-cpu>=2.$M.0rc0,<2.$next.0" pytest pytest-timeout hypothesis &&
     { [ ${#keras[@]} -eq 0 ] || "${pip[@]}" "${keras[@]}"; } &&
     "${pip[@]}" "$REPO" &&  # its own dependencies (tensorboard...); it requires no Keras
     { "${pip[@]}" --no-deps "tf-keras>=2.$M.0rc0,<2.$next.0" ||
