@@ -401,7 +401,7 @@ def test_plain_dataset_in_a_fresh_process_gets_a_true_message(
     when: str, environ: dict[str, str], says: str, tmp_path: Path
 ) -> None:
     code = FRESH.replace("WHEN", repr(when)).replace("LOGDIR", repr(str(tmp_path)))
-    result = run_python(code, env=environ, timeout=240)
+    result = run_python(code, env=environ, timeout=240, preloaded=True)
     lines = [line for line in result.stdout.splitlines() if line.startswith("MESSAGE ")]
     assert lines, result.stdout + result.stderr
     assert says in lines[0]

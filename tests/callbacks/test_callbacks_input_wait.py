@@ -187,7 +187,7 @@ print("RESULT " + json.dumps([summary["input_wait_share"], summary["input_wait_n
 """
     from support.processes import result_line, run_python
 
-    done = run_python(code, timeout=180)
+    done = run_python(code, timeout=180, preloaded=True)
     share, note, verdict, received, waited = result_line(done)
     assert share is None, done.stderr[-3000:]
     assert note.startswith("unknown: op determinism is on") and "tf.timestamp" in note, note

@@ -364,6 +364,7 @@ def test_the_kill_switch_leaves_keras_fit_alone_and_says_what_is_off(tmp_path: P
         f"import sys; sys.argv[1:] = [{str(tmp_path)!r}]\n" + KILL_SWITCH,
         env={"TFDP_NO_KERAS_PATCHES": "1"},
         timeout=300,
+        preloaded=True,
     )
     assert result.returncode == 0, result.stderr[-4000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])

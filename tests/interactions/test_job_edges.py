@@ -55,7 +55,7 @@ print("TRAINED:", int(model.optimizer.iterations.numpy()))
 
 def _job(directory: Path, when: str, *, legacy: bool) -> tuple[int, str, str]:
     env = {"TF_USE_LEGACY_KERAS": "1" if legacy else None}
-    done = run_python(JOB, env=env, args=[str(directory), when], timeout=240)
+    done = run_python(JOB, env=env, args=[str(directory), when], timeout=240, preloaded=True)
     return done.returncode, done.stdout, done.stderr
 
 

@@ -232,14 +232,16 @@ def test_one_cpu_and_two_logical_cpus_in_fresh_processes():
         import tfdp_utils as tdu
         s = tdu.auto_strategy()
         print("RESULT", type(s).__name__, s.num_replicas_in_sync)
-        """
+        """,
+        preloaded=True,
     )
     one = run_python(
         """
         import tfdp_utils as tdu
         s = tdu.auto_strategy()
         print("RESULT", type(s).__name__, s.num_replicas_in_sync)
-        """
+        """,
+        preloaded=True,
     )
     assert "RESULT MirroredStrategy 2" in two.stdout, two.stderr[-3000:]
     assert "RESULT OneDeviceStrategy 1" in one.stdout, one.stderr[-3000:]
@@ -347,7 +349,8 @@ def test_env_command_reports_versions_and_choice():
         del os.environ["TFDP_STRATEGY"]
         print("=== env ===", flush=True)
         raise SystemExit(main(["env"]))
-        """
+        """,
+        preloaded=True,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     as_json, plain = result.stdout.split("=== env ===\n")
@@ -404,11 +407,15 @@ def test_strategies_over_different_device_sets_in_one_process():
         train(make(["/cpu:0", "/cpu:1"]))
         train(make(["/cpu:0", "/cpu:1", "/cpu:2", "/cpu:3"]))
     """
-    by_hand = run_python(f"import sys; sys.argv[1:] = ['by_hand']\n{textwrap.dedent(script)}")
+    by_hand = run_python(
+        f"import sys; sys.argv[1:] = ['by_hand']\n{textwrap.dedent(script)}", preloaded=True
+    )
     assert "TRAINED 2" in by_hand.stdout
     assert "TRAINED 4" not in by_hand.stdout, "TensorFlow no longer reuses group keys"
     assert "group has size 2" in by_hand.stderr, by_hand.stderr[-3000:]
-    auto = run_python(f"import sys; sys.argv[1:] = ['auto']\n{textwrap.dedent(script)}")
+    auto = run_python(
+        f"import sys; sys.argv[1:] = ['auto']\n{textwrap.dedent(script)}", preloaded=True
+    )
     assert auto.returncode == 0, auto.stderr[-3000:]
     assert auto.stdout.split() == ["TRAINED", "2", "TRAINED", "4"]
 
@@ -438,6 +445,7 @@ def test_the_explanation_is_visible_by_default_once_and_can_be_silenced():
         print(json.dumps(out))
         """,
         env={"TFDP_STRATEGY": "one_device"},
+        preloaded=True,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])

@@ -72,9 +72,21 @@ def run_python(
     timeout: float = 180,
     cwd: Path | None = None,
     args: Sequence[str] = (),
+    preloaded: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``code`` (with ``args`` in ``sys.argv``) in a fresh Python process (own TensorFlow
-    runtime) with a hard timeout."""
+    runtime) with a hard timeout. ``preloaded``: forked after TensorFlow's import, as
+    :func:`start_python`'s (a process that imports TensorFlow and whose checks do not depend on
+    when it did); past the timeout it is killed and ``subprocess.TimeoutExpired`` raised, as
+    without."""
+    if preloaded:
+        process = start_python(code, env=env, args=args, cwd=cwd, preloaded=True)
+        argv = [sys.executable, "-c", "...", *args]
+        try:
+            [outcome] = wait_all([process], timeout=timeout, check=False)
+        except TimeoutError as error:
+            raise subprocess.TimeoutExpired(argv, timeout, output=str(error)) from None
+        return subprocess.CompletedProcess(argv, *outcome)
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code), *args],
         env=_child_env(env),
