@@ -895,7 +895,9 @@ class ProcessEnded(Exception):
 
 def _job(when: str, env: dict[str, str | None] | None = None) -> tuple[int, str, pathlib.Path]:
     folder = pathlib.Path(tempfile.mkdtemp(dir=_FOLDER))
-    done = run_python(JOB, args=[str(folder), when], env=env, timeout=240)
+    # Forked after TensorFlow's import: what is checked is the callback's answer to the signal
+    # (status, last line, saves); a fresh process's Ctrl-C teardown is tests/test_crash_exits.py's.
+    done = run_python(JOB, args=[str(folder), when], env=env, timeout=240, preloaded=True)
     assert "TRAINED" not in done.stdout, done.stderr[-3000:]
     return done.returncode, done.stderr, folder
 
