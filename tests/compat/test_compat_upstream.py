@@ -62,7 +62,10 @@ print("REPORT " + json.dumps(report))
 @pytest.fixture(scope="module")
 def report() -> dict[str, Any]:
     done = run_python(
-        SCRIPT, env={"TFDP_NO_KERAS_PATCHES": "1", "CUDA_VISIBLE_DEVICES": ""}, timeout=240
+        SCRIPT,
+        env={"TFDP_NO_KERAS_PATCHES": "1", "CUDA_VISIBLE_DEVICES": ""},
+        timeout=240,
+        preloaded=True,
     )
     lines = [line for line in done.stdout.splitlines() if line.startswith("REPORT ")]
     assert done.returncode == 0 and lines, f"{done.stdout[-3000:]}\n{done.stderr[-6000:]}"

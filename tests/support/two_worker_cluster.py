@@ -343,6 +343,7 @@ def launch(folder: Path) -> dict[str, Any]:
                 "CUDA_VISIBLE_DEVICES": "",
                 "PHASE_INPUTS": json.dumps(inputs),
             },
+            preloaded=True,  # the phases check training, not a cold start
         )
         for index in range(2)
     ]
